@@ -1,0 +1,1 @@
+//! fixed_window (placeholder until implemented).

@@ -1,0 +1,1 @@
+//! gcra (placeholder until implemented).

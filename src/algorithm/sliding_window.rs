@@ -1,0 +1,1 @@
+//! sliding_window (placeholder until implemented).

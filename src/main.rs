@@ -1,0 +1,2 @@
+//! The `sluice` binary: parses the command line and hands over to the library.
+fn main() {}

@@ -1,0 +1,184 @@
+//! The compiled, immutable rule model that the request path reads.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::algorithm::{AlgorithmKind, Quota, NANOS_PER_SECOND};
+
+/// Time unit of a limit. Month is 30 days and year 365 days, as in the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3 600 seconds.
+    Hour,
+    /// 86 400 seconds.
+    Day,
+    /// 604 800 seconds.
+    Week,
+    /// 2 592 000 seconds (30 days).
+    Month,
+    /// 31 536 000 seconds (365 days).
+    Year,
+}
+
+impl Unit {
+    /// Length of the unit in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
+            Self::Week => 604_800,
+            Self::Month => 2_592_000,
+            Self::Year => 31_536_000,
+        }
+    }
+
+    /// Length of the unit in nanoseconds.
+    pub fn nanos(self) -> u64 {
+        self.seconds() * NANOS_PER_SECOND
+    }
+
+    /// Parses a unit name case-insensitively (`second`, `MINUTE`, ...).
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Self::Second,
+            "minute" => Self::Minute,
+            "hour" => Self::Hour,
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            "year" => Self::Year,
+            _ => return None,
+        })
+    }
+
+    /// Upper-case name, as the reference prints it (`SECOND`).
+    pub fn as_upper_str(self) -> &'static str {
+        match self {
+            Self::Second => "SECOND",
+            Self::Minute => "MINUTE",
+            Self::Hour => "HOUR",
+            Self::Day => "DAY",
+            Self::Week => "WEEK",
+            Self::Month => "MONTH",
+            Self::Year => "YEAR",
+        }
+    }
+}
+
+/// What a check gets when the store cannot answer in time (DESIGN §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailureMode {
+    /// Allow the request (default).
+    #[default]
+    Open,
+    /// Refuse the request.
+    Closed,
+    /// Enforce `limit / replicas` in local memory.
+    Local,
+    /// Fail the call with gRPC `UNAVAILABLE`; Envoy's `failure_mode_deny` decides.
+    Error,
+}
+
+/// One limit of a rule: `requests_per_unit` per `unit` under an algorithm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// Units admitted per `unit`.
+    pub requests_per_unit: u32,
+    /// Window length or refill period.
+    pub unit: Unit,
+    /// Algorithm deciding this limit.
+    pub algorithm: AlgorithmKind,
+    /// Capacity for token bucket and GCRA; `None` means `requests_per_unit`.
+    pub burst: Option<u32>,
+    /// What happens to this limit's checks when the store fails.
+    pub failure_mode: FailureMode,
+}
+
+impl Limit {
+    /// The algorithm parameters of this limit.
+    pub fn quota(&self, stop_increment_when_over_limit: bool) -> Quota {
+        Quota {
+            limit: u64::from(self.requests_per_unit),
+            period: self.unit.nanos(),
+            burst: u64::from(self.burst.unwrap_or(self.requests_per_unit)),
+            stop_increment_when_over_limit,
+        }
+    }
+}
+
+/// A rule: what applies at one descriptor node of the config tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Domain the rule belongs to.
+    pub domain: Arc<str>,
+    /// The reference's stats key for this node (`domain.key_value.key2`), used as the
+    /// `rule` metric label and in `/rlconfig`.
+    pub stats_key: Arc<str>,
+    /// Where the rule came from, for humans: `file.yaml: descriptors[0].descriptors[1]`.
+    pub config_path: Arc<str>,
+    /// The limit's `name` (reported in `current_limit.name`), if any.
+    pub name: Option<Arc<str>>,
+    /// Limits checked all-or-nothing. Empty when `unlimited`.
+    pub limits: Vec<Limit>,
+    /// `unlimited: true`: always OK, `limit_remaining` u32::MAX, never counted.
+    pub unlimited: bool,
+    /// Counted and reported, but never refuses.
+    pub shadow_mode: bool,
+    /// Quota mode: an OVER_LIMIT here does not make the overall code OVER_LIMIT.
+    pub quota_mode: bool,
+    /// Names of limits this rule replaces when both match in one request.
+    pub replaces: Vec<Arc<str>>,
+    /// Stats key uses the request's own values (`detailed_metric`).
+    pub detailed_metric: bool,
+    /// Free-form `metadata` of the rule, as JSON (emitted in dynamic metadata).
+    pub metadata: Option<Arc<serde_json::Value>>,
+}
+
+/// One request entry, borrowed from the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// Descriptor key.
+    pub key: &'a str,
+    /// Descriptor value (may be empty).
+    pub value: &'a str,
+}
+
+/// A per-request limit override sent by Envoy in the descriptor's `limit` field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Units admitted per `unit`.
+    pub requests_per_unit: u32,
+    /// Window length.
+    pub unit: Unit,
+}
+
+/// The outcome of matching one descriptor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lookup<'r> {
+    /// The domain has no rules (the reference counts `<domain>.domain_not_found`).
+    UnknownDomain,
+    /// The domain exists but no limit applies to this descriptor.
+    NoMatch,
+    /// A rule applies.
+    Matched(Matched<'r>),
+}
+
+/// A rule that applies to one descriptor, with what depends on the request's values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matched<'r> {
+    /// The rule (owned only for a request's limit override).
+    pub rule: Cow<'r, Rule>,
+    /// Stats key for this request: the rule's, or one built from request values for
+    /// `detailed_metric`, `value_to_metric`, `share_threshold` and overrides.
+    pub stats_key: Cow<'r, str>,
+    /// Per request entry, the wildcard pattern that replaces the value in the counter
+    /// key (`share_threshold`), `None` for entries that keep their value. Empty when no
+    /// entry shares.
+    pub share_patterns: Vec<Option<&'r str>>,
+}

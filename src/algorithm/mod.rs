@@ -6,9 +6,11 @@
 //! the one inherent exception). The memory store calls these functions directly; the Redis
 //! Lua scripts mirror them line for line and a test feeds both the same sequences.
 //!
-//! Time is an integer count of nanoseconds since the Unix epoch ([`Nanos`]), so that
-//! fixed windows align to the epoch exactly as envoyproxy/ratelimit's do. Elapsed time is
-//! always computed with saturating arithmetic: a clock that steps back never mints capacity.
+//! Time is an integer count of microseconds since the Unix epoch ([`Micros`]), so that
+//! fixed windows align to the epoch exactly as envoyproxy/ratelimit's do, and so that every
+//! timestamp stays below 2^53: Redis's Lua numbers are doubles and Redis `TIME` gives
+//! microseconds, so the Lua mirror can compute exactly what the Rust code computes.
+//! Elapsed time is always clamped at zero: a clock that steps back never mints capacity.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -16,11 +18,11 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
-/// Nanoseconds since the Unix epoch, as read from the store's clock.
-pub type Nanos = u64;
+/// Microseconds since the Unix epoch, as read from the store's clock.
+pub type Micros = u64;
 
-/// Nanoseconds in one second.
-pub const NANOS_PER_SECOND: u64 = 1_000_000_000;
+/// Microseconds in one second.
+pub const MICROS_PER_SECOND: u64 = 1_000_000;
 
 /// Which algorithm a limit uses. `FixedWindow` is the default (envoyproxy/ratelimit's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -70,8 +72,8 @@ pub struct Quota {
     /// Units admitted per `period` (the rule's `requests_per_unit`). Never zero for a
     /// limit that reaches an algorithm (a zero limit is answered without one).
     pub limit: u64,
-    /// Length of the window, or the refill period, in nanoseconds (the rule's `unit`).
-    pub period: Nanos,
+    /// Length of the window, or the refill period, in microseconds (the rule's `unit`).
+    pub period: Micros,
     /// Capacity of token bucket and GCRA (the rule's `burst`, default `limit`).
     /// Other algorithms ignore it.
     pub burst: u64,
@@ -88,9 +90,9 @@ pub struct Decision {
     /// Units still available after this decision (0 when refused).
     pub remaining: u64,
     /// Time until the limit is whole again (fixed window: until the window ends).
-    pub reset_after: Nanos,
+    pub reset_after: Micros,
     /// Time until a request of the same cost would be admitted; zero when allowed.
-    pub retry_after: Nanos,
+    pub retry_after: Micros,
     /// Units in use after this decision as the algorithm counts them, including the
     /// cost of a refused request (for fixed window, the window counter after the
     /// increment). Feeds the reference's near/over limit statistics.
@@ -106,10 +108,10 @@ pub trait Algorithm {
     /// store if the caller commits it. `cost == 0` checks without charging. For a refused
     /// request the returned state charges nothing, except fixed window (reference
     /// semantics: refused hits count unless `stop_increment_when_over_limit`).
-    fn decide(state: &Self::State, now: Nanos, cost: u64, quota: &Quota)
+    fn decide(state: &Self::State, now: Micros, cost: u64, quota: &Quota)
         -> (Decision, Self::State);
 
     /// The instant from which `state` answers exactly as a fresh state would: the
     /// key may be dropped then (memory eviction, Redis TTL).
-    fn expires_at(state: &Self::State, quota: &Quota) -> Nanos;
+    fn expires_at(state: &Self::State, quota: &Quota) -> Micros;
 }

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::algorithm::{AlgorithmKind, Quota, NANOS_PER_SECOND};
+use crate::algorithm::{AlgorithmKind, Quota, MICROS_PER_SECOND};
 
 /// Time unit of a limit. Month is 30 days and year 365 days, as in the reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,9 +38,9 @@ impl Unit {
         }
     }
 
-    /// Length of the unit in nanoseconds.
-    pub fn nanos(self) -> u64 {
-        self.seconds() * NANOS_PER_SECOND
+    /// Length of the unit in microseconds.
+    pub fn micros(self) -> u64 {
+        self.seconds() * MICROS_PER_SECOND
     }
 
     /// Parses a unit name case-insensitively (`second`, `MINUTE`, ...).
@@ -105,7 +105,7 @@ impl Limit {
     pub fn quota(&self, stop_increment_when_over_limit: bool) -> Quota {
         Quota {
             limit: u64::from(self.requests_per_unit),
-            period: self.unit.nanos(),
+            period: self.unit.micros(),
             burst: u64::from(self.burst.unwrap_or(self.requests_per_unit)),
             stop_increment_when_over_limit,
         }

@@ -1,3 +1,218 @@
 //! Rules: YAML schema, validation, the compiled match index and lookup.
+//!
+//! [`read_config_path`] reads rule files, [`Rules::compile`] validates them exactly as
+//! envoyproxy/ratelimit does (same whitelist, same messages, plus Sluice's extensions)
+//! and builds an immutable index, and [`Rules::lookup`] turns one request descriptor into
+//! the rule that applies to it. Nothing here touches counters, clocks or the network.
+
+mod compile;
+mod error;
+mod index;
+mod limits;
+mod load;
 mod model;
+mod schema;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use compile::{MAX_DEPTH, MAX_DESCRIPTORS};
+pub use error::ConfigError;
+pub use limits::MAX_SLIDING_LOG_LIMIT;
+pub use load::read_config_path;
 pub use model::*;
+pub use schema::MAX_FILE_BYTES;
+
+use crate::algorithm::AlgorithmKind;
+use compile::Builder;
+use index::Level;
+
+/// One rule file's text and the name errors use for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigFile {
+    /// How errors name the file (its path relative to the config directory).
+    pub name: String,
+    /// The YAML text.
+    pub text: String,
+}
+
+/// How files are combined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Several files may add descriptors to one domain (the reference's
+    /// `MERGE_DOMAIN_CONFIG`); otherwise a second file of a domain is an error.
+    pub merge_domains: bool,
+}
+
+/// A compiled, immutable rule set. Shared as `Arc<Rules>` and swapped whole on reload.
+#[derive(Debug, Default)]
+pub struct Rules {
+    /// Domain → root level of its tree.
+    domains: HashMap<Arc<str>, Level>,
+    /// Every rule, domains in load order, each tree in config (pre-)order.
+    rules: Vec<Arc<Rule>>,
+}
+
+// === impl Rules ===
+
+impl Rules {
+    /// Validates and compiles `files`, in order. Returns every error found (in file
+    /// order); the first one is the error the reference would have reported.
+    pub fn compile(files: &[ConfigFile], options: &LoadOptions) -> Result<Rules, Vec<ConfigError>> {
+        let mut builder = Builder::default();
+        for file in files {
+            match schema::parse_file(&file.name, &file.text) {
+                Ok(root) => builder.add_file(&file.name, root, options.merge_domains),
+                Err(err) => builder.errors.push(err),
+            }
+        }
+        if !builder.errors.is_empty() {
+            return Err(builder.errors);
+        }
+        Ok(Rules {
+            domains: builder
+                .domains
+                .into_iter()
+                .map(|(name, level)| (name, level.freeze()))
+                .collect(),
+            rules: builder.rules,
+        })
+    }
+
+    /// A rule set with no domains: every lookup is [`Lookup::UnknownDomain`].
+    pub fn empty() -> Rules {
+        Rules::default()
+    }
+
+    /// The rule that applies to one descriptor of a request to `domain`.
+    ///
+    /// A `limit_override` (Envoy's per-descriptor `limit`) replaces any configured rule,
+    /// but only in a known domain. Does not allocate unless the stats key depends on
+    /// request values (`detailed_metric`, `value_to_metric`, `share_threshold`) or an
+    /// override is given.
+    pub fn lookup<'r>(
+        &'r self,
+        domain: &str,
+        entries: &[Entry<'_>],
+        limit_override: Option<LimitOverride>,
+    ) -> Lookup<'r> {
+        let Some((domain_name, root)) = self.domains.get_key_value(domain) else {
+            return Lookup::UnknownDomain;
+        };
+        if let Some(limit) = limit_override {
+            return Lookup::Matched(override_match(domain_name, entries, limit));
+        }
+        match root.lookup(domain, entries) {
+            Some(matched) => Lookup::Matched(matched),
+            None => Lookup::NoMatch,
+        }
+    }
+
+    /// Whether `domain` has a config file.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// Number of rules: descriptors with a limit or `unlimited`.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Every compiled rule, domains in load order, descriptors in config order.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.rules.iter().map(|rule| &**rule)
+    }
+
+    /// One line per rule, in the reference's `/rlconfig` format
+    /// (`foo.k1_v1: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false`).
+    /// Rules using Sluice's extensions get a `, limits: [...]` suffix listing all limits.
+    pub fn dump_lines(&self) -> Vec<String> {
+        self.rules.iter().map(|rule| dump_line(rule)).collect()
+    }
+}
+
+fn dump_line(rule: &Rule) -> String {
+    let (unit, requests) = match rule.limits.first() {
+        Some(limit) if !rule.unlimited => (limit.unit.as_upper_str(), limit.requests_per_unit),
+        _ => ("UNKNOWN", 0),
+    };
+    let mut line = format!(
+        "{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}, quota_mode: {}",
+        rule.stats_key, rule.shadow_mode, rule.quota_mode
+    );
+    let extended = rule.limits.len() > 1
+        || rule.limits.iter().any(|limit| {
+            limit.algorithm != AlgorithmKind::FixedWindow
+                || limit.burst.is_some()
+                || limit.failure_mode != FailureMode::Open
+        });
+    if extended {
+        let limits: Vec<String> = rule
+            .limits
+            .iter()
+            .map(|limit| {
+                let mut text = format!(
+                    "{}/{} {}",
+                    limit.requests_per_unit,
+                    limit.unit.as_upper_str(),
+                    limit.algorithm.as_str()
+                );
+                if let Some(burst) = limit.burst {
+                    text.push_str(&format!(" burst={burst}"));
+                }
+                text.push_str(&format!(" failure_mode={:?}", limit.failure_mode).to_lowercase());
+                text
+            })
+            .collect();
+        line.push_str(&format!(", limits: [{}]", limits.join(", ")));
+    }
+    line
+}
+
+/// The rule for a request's limit override: the override's numbers under the
+/// reference's override stats key (`domain.key_value.key2`), no name, never shadow.
+fn override_match<'r>(
+    domain: &Arc<str>,
+    entries: &[Entry<'_>],
+    limit: LimitOverride,
+) -> Matched<'r> {
+    let mut key = String::from(&**domain);
+    key.push('.');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push('.');
+        }
+        key.push_str(entry.key);
+        if !entry.value.is_empty() {
+            key.push('_');
+            key.push_str(entry.value);
+        }
+    }
+    let rule = Rule {
+        domain: domain.clone(),
+        stats_key: key.as_str().into(),
+        config_path: "limit override from the request".into(),
+        name: None,
+        limits: vec![Limit {
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+            algorithm: AlgorithmKind::FixedWindow,
+            burst: None,
+            failure_mode: FailureMode::Open,
+        }],
+        unlimited: false,
+        shadow_mode: false,
+        quota_mode: false,
+        replaces: Vec::new(),
+        detailed_metric: false,
+        metadata: None,
+    };
+    Matched {
+        rule: std::borrow::Cow::Owned(rule),
+        stats_key: std::borrow::Cow::Owned(key),
+        share_patterns: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

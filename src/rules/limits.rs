@@ -1,0 +1,232 @@
+//! The limits of one descriptor: the reference's `rate_limit` checks, and Sluice's
+//! extensions (`algorithm`, `burst`, `failure_mode`, `rate_limits`).
+
+use std::sync::Arc;
+
+use super::schema::{RawDescriptor, RawRateLimit};
+use super::{ConfigError, FailureMode, Limit, Unit};
+use crate::algorithm::AlgorithmKind;
+
+/// Highest `requests_per_unit` of a `sliding_log` limit: the log stores one timestamp
+/// per admitted unit, so its memory grows with the limit.
+pub const MAX_SLIDING_LOG_LIMIT: u32 = 10_000;
+
+/// What a descriptor's `rate_limit`/`rate_limits` compile to.
+pub(crate) struct RuleLimits {
+    pub name: Option<Arc<str>>,
+    pub limits: Vec<Limit>,
+    pub unlimited: bool,
+    pub replaces: Vec<Arc<str>>,
+}
+
+/// Compiles the limits of descriptor `raw` at YAML `path`; `None` when it has none or
+/// they are invalid (the errors are pushed to `errors`).
+pub(crate) fn rule_limits(
+    file: &str,
+    path: &str,
+    raw: &RawDescriptor,
+    errors: &mut Vec<ConfigError>,
+) -> Option<RuleLimits> {
+    let before = errors.len();
+    let out = match (&raw.rate_limit, &raw.rate_limits) {
+        (None, None) => return None,
+        (Some(_), Some(_)) => {
+            errors.push(ConfigError::sluice(
+                file,
+                path,
+                "rate_limit and rate_limits cannot both be given",
+            ));
+            return None;
+        }
+        (Some(one), None) => single(file, &format!("{path}.rate_limit"), one, errors),
+        (None, Some(list)) => several(file, &format!("{path}.rate_limits"), list, errors),
+    };
+    (errors.len() == before).then_some(out)
+}
+
+/// The reference's `rate_limit`, plus the extension fields.
+fn single(file: &str, path: &str, raw: &RawRateLimit, errors: &mut Vec<ConfigError>) -> RuleLimits {
+    let unlimited = raw.unlimited.unwrap_or(false);
+    let name = raw.name.as_deref().unwrap_or_default();
+    let unit_name = raw.unit.as_deref().unwrap_or_default();
+    let unit = Unit::parse(unit_name);
+    if unlimited && unit.is_some() {
+        errors.push(ConfigError::reference(
+            file,
+            "should not specify rate limit unit when unlimited",
+        ));
+    } else if !unlimited && unit.is_none() {
+        errors.push(ConfigError::reference(
+            file,
+            format!("invalid rate limit unit '{unit_name}'"),
+        ));
+    }
+    let replaces = replaces(file, name, raw, errors);
+    let limit = unit.and_then(|unit| limit(file, path, raw, unit, errors));
+    RuleLimits {
+        name: (!name.is_empty()).then(|| name.into()),
+        limits: if unlimited {
+            Vec::new()
+        } else {
+            limit.into_iter().collect()
+        },
+        unlimited,
+        replaces,
+    }
+}
+
+/// Sluice's `rate_limits`: several limits checked all-or-nothing.
+fn several(
+    file: &str,
+    path: &str,
+    list: &[RawRateLimit],
+    errors: &mut Vec<ConfigError>,
+) -> RuleLimits {
+    if list.is_empty() {
+        errors.push(ConfigError::sluice(
+            file,
+            path,
+            "rate_limits must list at least one limit",
+        ));
+    }
+    let mut name: Option<&str> = None;
+    let mut limits = Vec::with_capacity(list.len());
+    let mut all_replaces = Vec::new();
+    for (i, raw) in list.iter().enumerate() {
+        let path = format!("{path}[{i}]");
+        if raw.unlimited.unwrap_or(false) {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.unlimited"),
+                "unlimited cannot be used inside rate_limits; use rate_limit",
+            ));
+            continue;
+        }
+        let this_name = raw.name.as_deref().unwrap_or_default();
+        if !this_name.is_empty() {
+            match name {
+                Some(other) if other != this_name => errors.push(ConfigError::sluice(
+                    file,
+                    &format!("{path}.name"),
+                    format!("all limits of one descriptor share one name, found '{other}' and '{this_name}'"),
+                )),
+                _ => name = Some(this_name),
+            }
+        }
+        all_replaces.extend(replaces(file, this_name, raw, errors));
+        let unit_name = raw.unit.as_deref().unwrap_or_default();
+        let Some(unit) = Unit::parse(unit_name) else {
+            errors.push(ConfigError::reference(
+                file,
+                format!("invalid rate limit unit '{unit_name}'"),
+            ));
+            continue;
+        };
+        limits.extend(limit(file, &path, raw, unit, errors));
+    }
+    RuleLimits {
+        name: name.map(Arc::from),
+        limits,
+        unlimited: false,
+        replaces: all_replaces,
+    }
+}
+
+/// The reference's `replaces` checks.
+fn replaces(
+    file: &str,
+    name: &str,
+    raw: &RawRateLimit,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<Arc<str>> {
+    let list = raw.replaces.as_deref().unwrap_or_default();
+    for item in list {
+        let replaced = item.name.as_deref().unwrap_or_default();
+        if replaced.is_empty() {
+            errors.push(ConfigError::reference(
+                file,
+                "should not have an empty replaces entry",
+            ));
+        } else if replaced == name {
+            errors.push(ConfigError::reference(
+                file,
+                "replaces should not contain name of same descriptor",
+            ));
+        }
+    }
+    list.iter()
+        .map(|item| Arc::from(item.name.as_deref().unwrap_or_default()))
+        .collect()
+}
+
+/// One limit with its extension fields checked.
+fn limit(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    unit: Unit,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Limit> {
+    let before = errors.len();
+    let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
+    let algorithm = match raw.algorithm.as_deref().unwrap_or_default() {
+        "" => AlgorithmKind::default(),
+        name => AlgorithmKind::parse(name).unwrap_or_else(|| {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.algorithm"),
+                format!(
+                    "unknown algorithm '{name}' (expected fixed_window, sliding_window, \
+                     sliding_log, token_bucket or gcra)"
+                ),
+            ));
+            AlgorithmKind::default()
+        }),
+    };
+    if let Some(burst) = raw.burst {
+        let path = format!("{path}.burst");
+        if !matches!(algorithm, AlgorithmKind::TokenBucket | AlgorithmKind::Gcra) {
+            errors.push(ConfigError::sluice(
+                file,
+                &path,
+                format!(
+                    "burst is only valid with algorithm token_bucket or gcra, not {}",
+                    algorithm.as_str()
+                ),
+            ));
+        } else if burst == 0 {
+            errors.push(ConfigError::sluice(file, &path, "burst must be at least 1"));
+        }
+    }
+    let failure_mode = match raw.failure_mode.as_deref().unwrap_or_default() {
+        "" | "open" => FailureMode::Open,
+        "closed" => FailureMode::Closed,
+        "local" => FailureMode::Local,
+        "error" => FailureMode::Error,
+        other => {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.failure_mode"),
+                format!("unknown failure_mode '{other}' (expected open, closed, local or error)"),
+            ));
+            FailureMode::Open
+        }
+    };
+    if algorithm == AlgorithmKind::SlidingLog && requests_per_unit > MAX_SLIDING_LOG_LIMIT {
+        errors.push(ConfigError::sluice(
+            file,
+            &format!("{path}.requests_per_unit"),
+            format!(
+                "sliding_log allows at most {MAX_SLIDING_LOG_LIMIT} requests_per_unit \
+                 (it stores one timestamp per request), got {requests_per_unit}"
+            ),
+        ));
+    }
+    (errors.len() == before).then_some(Limit {
+        requests_per_unit,
+        unit,
+        algorithm,
+        burst: raw.burst,
+        failure_mode,
+    })
+}

@@ -1,0 +1,295 @@
+//! Unit tests of rule loading and matching.
+#![allow(clippy::unwrap_used)]
+
+use super::index::wildcard_match;
+use super::*;
+
+fn compile(text: &str) -> Result<Rules, Vec<ConfigError>> {
+    let files = [ConfigFile {
+        name: "t.yaml".into(),
+        text: text.into(),
+    }];
+    Rules::compile(&files, &LoadOptions::default())
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match compile(text) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn entries<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<Entry<'a>> {
+    pairs
+        .iter()
+        .map(|&(key, value)| Entry { key, value })
+        .collect()
+}
+
+fn stats_key(rules: &Rules, pairs: &[(&str, &str)]) -> Option<String> {
+    match rules.lookup("d", &entries(pairs), None) {
+        Lookup::Matched(m) => Some(m.stats_key.into_owned()),
+        _ => None,
+    }
+}
+
+#[test]
+fn wildcard_patterns() {
+    assert!(wildcard_match("foo*", "foo"));
+    assert!(wildcard_match("foo*", "foobar"));
+    assert!(!wildcard_match("foo*", "fo"));
+    assert!(wildcard_match("bar*b", "barab"));
+    assert!(wildcard_match("bar*b", "barb"));
+    assert!(!wildcard_match("bar*b", "bar"));
+    assert!(wildcard_match("svc*ep*rpc", "svceprpc"));
+    assert!(wildcard_match("svc*ep*rpc", "svcXepYrpc"));
+    assert!(!wildcard_match("foo*bar*baz", "foo123baz"));
+    assert!(wildcard_match("*", ""));
+    assert!(wildcard_match("*x", "aax"));
+    assert!(!wildcard_match("abc", "abcd"));
+}
+
+const ORDER: &str = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    value: a*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: k
+    value: ab*
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: k
+    value: abc
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: p
+    value: x
+    descriptors:
+      - key: q
+        rate_limit: {unit: second, requests_per_unit: 5}
+  - key: p
+    rate_limit: {unit: second, requests_per_unit: 6}
+    descriptors:
+      - key: r
+        rate_limit: {unit: second, requests_per_unit: 7}
+";
+
+fn limit_of(rules: &Rules, pairs: &[(&str, &str)]) -> Option<u32> {
+    match rules.lookup("d", &entries(pairs), None) {
+        Lookup::Matched(m) => Some(m.rule.limits[0].requests_per_unit),
+        _ => None,
+    }
+}
+
+#[test]
+fn exact_then_wildcards_in_order_then_key_only() {
+    let rules = compile(ORDER).unwrap();
+    assert_eq!(limit_of(&rules, &[("k", "abc")]), Some(4));
+    assert_eq!(
+        limit_of(&rules, &[("k", "abd")]),
+        Some(2),
+        "first wildcard wins"
+    );
+    assert_eq!(limit_of(&rules, &[("k", "zzz")]), Some(1));
+    assert_eq!(limit_of(&rules, &[("other", "zzz")]), None);
+    assert_eq!(rules.rule_count(), 7);
+}
+
+#[test]
+fn no_backtracking_and_limit_only_at_last_entry() {
+    let rules = compile(ORDER).unwrap();
+    assert_eq!(limit_of(&rules, &[("p", "x"), ("q", "1")]), Some(5));
+    // p=x matched exactly; its children have no `r`: no fallback to key-only `p`.
+    assert_eq!(limit_of(&rules, &[("p", "x"), ("r", "1")]), None);
+    assert_eq!(limit_of(&rules, &[("p", "y"), ("r", "1")]), Some(7));
+    assert_eq!(limit_of(&rules, &[("p", "y")]), Some(6));
+    // More entries than config depth: nothing applies.
+    assert_eq!(limit_of(&rules, &[("k", "abc"), ("z", "1")]), None);
+    assert_eq!(limit_of(&rules, &[]), None);
+}
+
+#[test]
+fn common_lookup_borrows() {
+    let rules = compile(ORDER).unwrap();
+    let Lookup::Matched(m) = rules.lookup("d", &entries(&[("k", "abd")]), None) else {
+        panic!("no match");
+    };
+    assert!(matches!(m.rule, std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(m.stats_key, std::borrow::Cow::Borrowed("d.k_a*")));
+    assert_eq!(m.share_patterns.capacity(), 0);
+    assert_eq!(&*m.rule.config_path, "t.yaml: descriptors[1]");
+}
+
+#[test]
+fn unknown_domain_and_override() {
+    let rules = compile(ORDER).unwrap();
+    assert_eq!(rules.lookup("x", &[], None), Lookup::UnknownDomain);
+    let limit = LimitOverride {
+        requests_per_unit: 9,
+        unit: Unit::Hour,
+    };
+    assert_eq!(rules.lookup("x", &[], Some(limit)), Lookup::UnknownDomain);
+    let Lookup::Matched(m) = rules.lookup("d", &entries(&[("p", ""), ("q", "v")]), Some(limit))
+    else {
+        panic!("no match");
+    };
+    assert_eq!(m.stats_key, "d.p.q_v");
+    assert_eq!(m.rule.limits[0].requests_per_unit, 9);
+    assert!(m.rule.name.is_none() && !m.rule.shadow_mode);
+}
+
+#[test]
+fn extensions_compile() {
+    let rules = compile(
+        "
+domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20, failure_mode: closed}
+    descriptors:
+      - key: plan
+        value: free
+        rate_limits:
+          - {unit: second, requests_per_unit: 5, algorithm: gcra, burst: 10, name: free}
+          - {unit: day, requests_per_unit: 10000}
+",
+    )
+    .unwrap();
+    let all: Vec<&Rule> = rules.rules().collect();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].limits[0].burst, Some(20));
+    assert_eq!(all[0].limits[0].failure_mode, FailureMode::Closed);
+    assert_eq!(all[1].limits.len(), 2);
+    assert_eq!(all[1].name.as_deref(), Some("free"));
+    assert_eq!(
+        all[1].limits[1].algorithm,
+        crate::algorithm::AlgorithmKind::FixedWindow
+    );
+    assert_eq!(
+        rules.dump_lines()[1],
+        "d.api_key.plan_free: unit=SECOND requests_per_unit=5, shadow_mode: false, \
+         quota_mode: false, limits: [5/SECOND gcra burst=10 failure_mode=open, \
+         10000/DAY fixed_window failure_mode=open]"
+    );
+}
+
+#[test]
+fn extension_errors_name_the_path() {
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 3}\n",
+    );
+    assert_eq!(
+        e,
+        ["t.yaml: descriptors[0].rate_limit.burst: burst is only valid with algorithm token_bucket or gcra, not fixed_window"]
+    );
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: []\n",
+    );
+    assert_eq!(
+        e,
+        ["t.yaml: descriptors[0]: rate_limit and rate_limits cannot both be given"]
+    );
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limits:\n          - {unit: minute, requests_per_unit: 20000, algorithm: sliding_log}\n          - {unit: hour, requests_per_unit: 1, algorithm: leaky, failure_mode: maybe}\n",
+    );
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(e[0]
+        .contains("descriptors[0].descriptors[0].rate_limits[0].requests_per_unit: sliding_log"));
+    assert!(e[1].contains("rate_limits[1].algorithm: unknown algorithm 'leaky'"));
+    assert!(e[2].contains("rate_limits[1].failure_mode: unknown failure_mode 'maybe'"));
+    let e = errors("domain: d\ndescriptors:\n  - key: a\n    rate_limits: []\n");
+    assert!(e[0].contains("rate_limits must list at least one limit"));
+}
+
+#[test]
+fn depth_cap() {
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for depth in 0..=MAX_DEPTH {
+        let indent = "  ".repeat(2 * depth);
+        text.push_str(&format!(
+            "{indent}- key: k{depth}\n{indent}  descriptors:\n"
+        ));
+    }
+    let e = errors(&text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("nested deeper than 32 levels"), "{e:?}");
+    // 32 levels are fine.
+    let cut = text.rfind("- key: k32").unwrap();
+    assert!(compile(&text[..cut]).is_ok());
+}
+
+#[test]
+fn reference_checks_collect_all_errors() {
+    let e = errors(
+        "domain: d\ndescriptors:\n  - value: v\n  - key: a\n  - key: a\n  - key: b\n    rate_limit: {unit: fortnight}\n",
+    );
+    assert_eq!(
+        e,
+        [
+            "t.yaml: descriptor has empty key",
+            "t.yaml: duplicate descriptor composite key 'd.a'",
+            "t.yaml: invalid rate limit unit 'fortnight'",
+        ]
+    );
+    // The reference's composite key collision is a duplicate too.
+    let e = errors("domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n");
+    assert_eq!(e, ["t.yaml: duplicate descriptor composite key 'd.a_b'"]);
+    assert_eq!(
+        errors("domain: d\nfoo: 1\n"),
+        ["t.yaml: config error, unknown key 'foo'"]
+    );
+    assert_eq!(errors("domain: d\nx: 1.5\n").len(), 1);
+    assert!(errors("- a\n")[0].starts_with("t.yaml: error loading config file: "));
+}
+
+#[test]
+fn scalars_read_as_strings_and_metadata_is_free_form() {
+    let rules = compile(
+        "domain: 7\ndescriptors:\n  - key: k\n    value: 123\n    metadata: {any_key: [1, 2.5]}\n    rate_limit: {unit: Second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    assert!(rules.has_domain("7"));
+    let Lookup::Matched(m) = rules.lookup("7", &entries(&[("k", "123")]), None) else {
+        panic!("no match");
+    };
+    assert_eq!(
+        m.rule.metadata.as_deref(),
+        Some(&serde_json::json!({"any_key": [1, 2.5]}))
+    );
+}
+
+#[test]
+fn value_to_metric_and_detailed_keys() {
+    let rules = compile(
+        "domain: d\ndescriptors:\n  - key: a\n    value: x*\n    value_to_metric: true\n    descriptors:\n      - key: b\n        detailed_metric: true\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        stats_key(&rules, &[("a", "x1"), ("b", "")]).as_deref(),
+        Some("d.a_x1.b_")
+    );
+}
+
+#[test]
+fn read_config_path_skips_hidden_and_follows_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("..2024_01_01/sub")).unwrap();
+    std::fs::write(root.join("..2024_01_01/rules.yaml"), "domain: a\n").unwrap();
+    std::fs::write(root.join("..2024_01_01/sub/more.yml"), "domain: b\n").unwrap();
+    std::os::unix::fs::symlink("..2024_01_01", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/rules.yaml", root.join("rules.yaml")).unwrap();
+    std::os::unix::fs::symlink("..data/sub", root.join("sub")).unwrap();
+    std::os::unix::fs::symlink(".", root.join("sub2")).unwrap_or(());
+    std::fs::write(root.join(".hidden.yaml"), "domain: c\n").unwrap();
+    std::fs::write(root.join("notes.txt"), "x").unwrap();
+    let files = read_config_path(root).unwrap();
+    let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    // `sub2 -> .` is a loop: not entered again.
+    assert_eq!(names, ["rules.yaml", "sub/more.yml"]);
+    let one = read_config_path(&root.join("rules.yaml")).unwrap();
+    assert_eq!(one[0].name, "rules.yaml");
+    let err = read_config_path(&root.join("missing")).unwrap_err();
+    assert!(err.to_string().contains("missing"));
+}

@@ -9,8 +9,10 @@
 //!
 //! Budgets against hostile YAML (per file, see [`yaml_options`]): at most
 //! [`MAX_FILE_BYTES`] of text, 160 levels of YAML nesting (a descriptor level is two YAML
-//! levels; rules are capped at 32 levels anyway), 5 000 000 nodes, 10 000 000 parser
-//! events, 1 000 anchors and 1 000 aliases, and one document.
+//! levels; rules are capped at 32 levels anyway), 2 000 000 nodes (some 300 000
+//! descriptors: split bigger rule sets over several files), 4 000 000 parser events,
+//! 1 000 anchors, 1 000 aliases replaying at most 100 000 events in total (no YAML
+//! bomb), and one document.
 
 use std::fmt;
 
@@ -99,15 +101,18 @@ pub(crate) struct RawReplaces {
 
 /// Parser options with the budgets documented in the module comment.
 fn yaml_options() -> serde_saphyr::Options {
+    let mut alias_limits = serde_saphyr::options::AliasLimits::default();
+    alias_limits.max_total_replayed_events = 100_000;
     serde_saphyr::options! {
         budget: serde_saphyr::budget! {
             max_depth: 160,
-            max_nodes: 5_000_000,
-            max_events: 10_000_000,
+            max_nodes: 2_000_000,
+            max_events: 4_000_000,
             max_anchors: 1_000,
             max_aliases: 1_000,
             max_documents: 1,
         },
+        alias_limits: alias_limits,
     }
 }
 

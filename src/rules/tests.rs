@@ -293,3 +293,55 @@ fn read_config_path_skips_hidden_and_follows_symlinks() {
     let err = read_config_path(&root.join("missing")).unwrap_err();
     assert!(err.to_string().contains("missing"));
 }
+
+#[test]
+fn rules_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Rules>();
+}
+
+#[test]
+fn yaml_bomb_is_refused() {
+    let mut text = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..9 {
+        let prev = if level == 1 {
+            "a".to_owned()
+        } else {
+            format!("a{}", level - 1)
+        };
+        text.push_str(&format!(
+            "a{level}: &a{level} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        ));
+    }
+    let e = errors(&text);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("t.yaml: error loading config file: "),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn merged_domains_still_reject_duplicate_keys() {
+    let file = |name: &str, text: &str| ConfigFile {
+        name: name.into(),
+        text: text.into(),
+    };
+    let files = [
+        file("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"),
+        file("b.yaml", "domain: d\ndescriptors:\n  - key: k\n"),
+    ];
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let e = Rules::compile(&files, &merge).unwrap_err();
+    assert_eq!(
+        e[0].to_string(),
+        "b.yaml: duplicate descriptor composite key 'd.k'"
+    );
+    let e = Rules::compile(&files, &LoadOptions::default()).unwrap_err();
+    assert_eq!(
+        e[0].to_string(),
+        "b.yaml: duplicate domain 'd' in config file"
+    );
+}

@@ -87,7 +87,11 @@ impl Algorithm for TokenBucket {
                 fits(deficit_at(state, now.saturating_add(d), quota), cost, quota)
             })
         };
-        let deficit_after = if allowed { next.deficit } else { deficit };
+        let deficit_after = if allowed && cost > 0 {
+            next.deficit
+        } else {
+            deficit
+        };
         let reset_after = earliest(guess(&next, now, deficit_after, quota), |d| {
             deficit_at(&next, now.saturating_add(d), quota) <= 0.0
         });

@@ -14,16 +14,16 @@
 //! `elapsed` is the time since the current window started. Only admitted requests are
 //! charged (to `curr`).
 //!
-//! **Error bound against the exact rolling window** (sliding log), proven by property
-//! tests: (1) admitted units in any aligned window never exceed `limit`, because
-//! `estimate ≥ curr`; (2) over any rolling window of length `period`, admitted units never
-//! exceed `2 × limit`, since it meets at most two aligned windows; the weighting usually
-//! keeps it far lower, but a burst at the very end of one window followed by a burst at
-//! the start of the next gets `limit + limit × elapsed / period`, so the worst case over
-//! a rolling window `(t - period, t]` with `t` at `elapsed` into a window is
-//! `limit × (1 + elapsed / period) < 2 × limit`. It errs the other way too: hits early in
-//! the previous window still weigh on the current one, so it can refuse what the exact
-//! log would admit (at most `limit` units too strict).
+//! **Error bound against the exact rolling window** (sliding log), property tested:
+//! 1. in any aligned window, admitted units ≤ `limit` (since `estimate ≥ curr`);
+//! 2. over a rolling window `(t - period, t]` with `t` at `elapsed` into its aligned
+//!    window, admitted units ≤ `limit × (1 + elapsed / period)`, so always `< 2 × limit`.
+//!    The worst case is real: `limit` units at the very end of one window are weighed as
+//!    if spread over it, so `limit × elapsed / period` more pass early in the next.
+//!    With evenly spread traffic the estimate is exact.
+//!
+//! It errs the other way too: hits early in the previous window still weigh on the
+//! current one, so it can refuse what the exact log would admit.
 //!
 //! `retry_after` is the exact earliest wait given the decay (searched with
 //! [`earliest`] on the same predicate); a `cost > limit` can never pass and reports one

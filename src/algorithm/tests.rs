@@ -193,3 +193,15 @@ fn earliest_finds_threshold_from_any_guess() {
     }
     assert_eq!(earliest(7, |_| true), 0);
 }
+
+#[test]
+fn sliding_window_worst_case_over_a_rolling_window() {
+    // limit × (1 + elapsed / period): 10 at the end of a window, then half-way through
+    // the next another 5 pass, so (t - period, t] holds 15.
+    let q = quota(10, 100 * S, 10);
+    let d = run::<sliding_window::SlidingWindow>(
+        &q,
+        &[(T0 + 99 * S, 10), (T0 + 150 * S, 5), (T0 + 150 * S, 1)],
+    );
+    assert!(d[0].allowed && d[1].allowed && !d[2].allowed);
+}

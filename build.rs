@@ -12,7 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("rls_descriptor.bin"),
         )
         .compile_protos(
-            &[std::path::Path::new("proto/envoy/service/ratelimit/v3/rls.proto")],
+            &[std::path::Path::new(
+                "proto/envoy/service/ratelimit/v3/rls.proto",
+            )],
             &[std::path::Path::new("proto"), include.as_path()],
         )?;
     println!("cargo:rerun-if-changed=proto");

@@ -35,14 +35,14 @@ pub mod envoy {
     }
 }
 
-/// `envoy.service.ratelimit.v3`: the RLS request, response and service.
-pub use envoy::service::ratelimit::v3 as rls;
-/// `envoy.extensions.common.ratelimit.v3`: the request descriptor.
-pub use envoy::extensions::common::ratelimit::v3 as common;
 /// `envoy.config.core.v3`: header values.
 pub use envoy::config::core::v3 as core;
+/// `envoy.extensions.common.ratelimit.v3`: the request descriptor.
+pub use envoy::extensions::common::ratelimit::v3 as common;
 /// `envoy.type.v3`: the rate limit unit of a descriptor override.
 pub use envoy::r#type::v3 as types;
+/// `envoy.service.ratelimit.v3`: the RLS request, response and service.
+pub use envoy::service::ratelimit::v3 as rls;
 
 /// Encoded file descriptor set of the protos (for gRPC reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("rls_descriptor");

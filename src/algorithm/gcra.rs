@@ -1,1 +1,173 @@
-//! gcra (placeholder until implemented).
+//! GCRA: the generic cell rate algorithm (the leaky bucket as a meter), as in governor.
+//!
+//! One timestamp, the theoretical arrival time (TAT) of the next unit; emission interval
+//! `T = period / limit`; tolerance `τ = burst × T`. A request of `cost` at `now`:
+//!
+//! ```text
+//! new_tat = max(tat, now) + cost × T
+//! allowed = new_tat - now <= τ
+//! ```
+//!
+//! so a fresh key admits `burst` units at once, then one per `T`. Only admitted requests
+//! move the TAT. Over any interval of length `d`, admitted units ≤ `burst + d / T`.
+//!
+//! **Exact arithmetic.** `T` is rarely a whole number of microseconds, and rounding it would
+//! skew the long-run rate, so instants are kept in mixed radix: `us + frac / limit` with
+//! `0 ≤ frac < limit`. With `q = floor(period / limit)` and `r = period % limit`,
+//! `n × T = n×q + floor(n×r / limit)` µs `+ (n×r % limit) / limit`. Every intermediate is
+//! an integer below 2^53 as long as `burst × limit < 2^53` and TATs are realistic, so Lua
+//! computes the same bits (`math.floor(x / limit)` is exact for integers below 2^53).
+//! Only the informational `remaining`/`used` use `f64`:
+//! `units_ahead = ((new_tat_us - now) * limit + new_tat_frac) / period` (that order).
+//!
+//! `retry_after = ceil(new_tat - now - τ)`, the exact earliest wait; a `cost > burst`
+//! can never pass and reports `ceil(τ)` (the time to drain a full bucket, at least 1 µs).
+//! `reset_after = ceil(tat - now)` after the decision (until the bucket is empty).
+//!
+//! Memory per key: one mixed-radix timestamp (µs and fraction), 16 bytes.
+
+use super::{is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
+
+/// The theoretical arrival time `tat + frac / limit` (µs since the epoch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Whole microseconds of the TAT.
+    pub tat: Micros,
+    /// Fraction of a microsecond, in units of `1 / limit` (normally `< limit`).
+    pub frac: u64,
+}
+
+/// The GCRA algorithm (see the module documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gcra;
+
+/// A duration or instant in mixed radix: `us + frac / limit`, `frac < limit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Mixed {
+    us: u64,
+    frac: u64,
+}
+
+impl Mixed {
+    /// `n × T` for `T = period / limit`.
+    fn intervals(n: u64, quota: &Quota) -> Self {
+        let (q, r) = (quota.period / quota.limit, quota.period % quota.limit);
+        let nr = n.saturating_mul(r);
+        Self {
+            us: n.saturating_mul(q).saturating_add(nr / quota.limit),
+            frac: nr % quota.limit,
+        }
+    }
+
+    fn add(self, other: Self, quota: &Quota) -> Self {
+        let frac = self.frac.saturating_add(other.frac);
+        let (carry, frac) = if frac >= quota.limit {
+            (1, frac - quota.limit)
+        } else {
+            (0, frac)
+        };
+        Self {
+            us: self.us.saturating_add(other.us).saturating_add(carry),
+            frac,
+        }
+    }
+
+    /// `self - other`, saturating at zero.
+    fn sub(self, other: Self, quota: &Quota) -> Self {
+        if self <= other {
+            return Self { us: 0, frac: 0 };
+        }
+        if self.frac >= other.frac {
+            Self {
+                us: self.us - other.us,
+                frac: self.frac - other.frac,
+            }
+        } else {
+            Self {
+                us: self.us - other.us - 1,
+                frac: self.frac.saturating_add(quota.limit - other.frac),
+            }
+        }
+    }
+
+    /// Rounded up to whole microseconds.
+    fn ceil(self) -> Micros {
+        self.us.saturating_add(u64::from(self.frac > 0))
+    }
+
+    /// This duration in units of `T` (`f64`, for `remaining`/`used` only).
+    fn in_intervals(self, quota: &Quota) -> f64 {
+        (self.us as f64 * quota.limit as f64 + self.frac as f64) / quota.period as f64
+    }
+}
+
+/// The stored TAT, normalized in case the limit changed since it was written.
+fn tat_of(state: &State, quota: &Quota) -> Mixed {
+    Mixed {
+        us: state.tat.saturating_add(state.frac / quota.limit),
+        frac: state.frac % quota.limit,
+    }
+}
+
+impl Algorithm for Gcra {
+    type State = State;
+
+    fn decide(state: &State, now: Micros, cost: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::invalid_quota(cost, quota), *state);
+        }
+        let now_m = Mixed { us: now, frac: 0 };
+        let tat = tat_of(state, quota);
+        let base = tat.max(now_m);
+        let tau = Mixed::intervals(quota.burst, quota);
+        if cost > quota.burst {
+            let ahead = base.sub(now_m, quota).in_intervals(quota);
+            let decision = Decision {
+                allowed: false,
+                remaining: 0,
+                reset_after: base.sub(now_m, quota).ceil(),
+                retry_after: tau.ceil().max(1),
+                used: to_u64((ahead + cost as f64).ceil()),
+            };
+            return (decision, *state);
+        }
+        let new_tat = base.add(Mixed::intervals(cost, quota), quota);
+        let ahead = new_tat.sub(now_m, quota);
+        let allowed = ahead <= tau;
+        let units_ahead = ahead.in_intervals(quota);
+        let (next, kept) = if allowed && cost > 0 {
+            let next = State {
+                tat: new_tat.us,
+                frac: new_tat.frac,
+            };
+            (next, new_tat)
+        } else {
+            (*state, base)
+        };
+        let decision = Decision {
+            allowed,
+            // Lua: math.floor(burst - units_ahead)
+            remaining: if allowed {
+                to_u64((quota.burst as f64 - units_ahead).floor())
+            } else {
+                0
+            },
+            reset_after: kept.sub(now_m, quota).ceil(),
+            retry_after: if allowed {
+                0
+            } else {
+                ahead.sub(tau, quota).ceil()
+            },
+            // Lua: math.ceil(units_ahead)
+            used: to_u64(units_ahead.ceil()),
+        };
+        (decision, next)
+    }
+
+    fn expires_at(state: &State, quota: &Quota) -> Micros {
+        if is_invalid(quota) {
+            return state.tat;
+        }
+        tat_of(state, quota).ceil()
+    }
+}

@@ -11,12 +11,33 @@
 //! timestamp stays below 2^53: Redis's Lua numbers are doubles and Redis `TIME` gives
 //! microseconds, so the Lua mirror can compute exactly what the Rust code computes.
 //! Elapsed time is always clamped at zero: a clock that steps back never mints capacity.
+//!
+//! ## Conventions shared by every algorithm (and every Lua mirror)
+//!
+//! - **No panics.** All integer arithmetic saturates; `cost` and `now` may be anything up
+//!   to `u64::MAX`. A quota with `limit == 0` or `period == 0` refuses everything
+//!   ([`Decision::invalid_quota`]) and leaves the state as it was.
+//! - **Refusal and `cost == 0` return the input state unchanged** (fixed window's counting
+//!   of refused hits excepted), so a refused request or a probe never changes what later
+//!   requests see, not even by a floating point rounding.
+//! - **Fractions** use `f64` with the exact operation order written next to each formula.
+//!   Every `+ - * /` on doubles is correctly rounded (IEEE 754) in Rust and in Lua 5.1;
+//!   Lua runs each operator as its own VM instruction, so no fused multiply-add can
+//!   creep in. `floor`/`ceil` are `math.floor`/`math.ceil`.
+//! - **Waits are exact.** `retry_after` is the *smallest* wait after which the same request
+//!   is admitted (given no other traffic), found by [`earliest`] over the algorithm's own
+//!   decision predicate, so rounding in a closed form can never make it a microsecond too
+//!   short. A request that can never pass (`cost` above the capacity) reports a finite,
+//!   non-zero `retry_after` documented per algorithm.
 
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
+
+#[cfg(test)]
+mod tests;
 
 /// Microseconds since the Unix epoch, as read from the store's clock.
 pub type Micros = u64;
@@ -99,6 +120,74 @@ pub struct Decision {
     pub used: u64,
 }
 
+impl Decision {
+    /// The answer for a quota that cannot admit anything (`limit == 0` or `period == 0`):
+    /// refused, nothing remaining, retry after one period (at least 1 µs).
+    pub fn invalid_quota(cost: u64, quota: &Quota) -> Self {
+        Self {
+            allowed: false,
+            remaining: 0,
+            reset_after: 0,
+            retry_after: quota.period.max(1),
+            used: cost,
+        }
+    }
+}
+
+/// Whether `quota` can admit anything at all; algorithms refuse outright when it cannot.
+pub(crate) fn is_invalid(quota: &Quota) -> bool {
+    quota.limit == 0 || quota.period == 0
+}
+
+/// The smallest `d` for which `pass(d)` holds, for a predicate that is monotone (false up
+/// to some point, true from there on) and true at `u64::MAX` or earlier; `guess` is a
+/// starting point (typically a closed form) that only affects speed, never the answer.
+///
+/// Lua mirror: gallop up from `guess` (step 1, 2, 4, ...) until `pass`, gallop down the
+/// same way while `pass`, then bisect with `mid = lo + floor((hi - lo) / 2)`. Values stay
+/// integers below 2^53 for realistic waits, so the loop is exact in doubles too.
+pub fn earliest(guess: Micros, pass: impl Fn(Micros) -> bool) -> Micros {
+    // Invariant: pass(hi) holds, and pass(d) is false for every d < lo.
+    let mut lo: Micros = 0;
+    let mut hi = guess;
+    let mut step: Micros = 1;
+    while !pass(hi) {
+        if hi == Micros::MAX {
+            return Micros::MAX;
+        }
+        lo = hi + 1;
+        hi = hi.saturating_add(step);
+        step = step.saturating_mul(2);
+    }
+    step = 1;
+    while hi > lo {
+        let probe = hi.saturating_sub(step).max(lo);
+        if pass(probe) {
+            hi = probe;
+            step = step.saturating_mul(2);
+        } else {
+            lo = probe + 1;
+            break;
+        }
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pass(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    hi
+}
+
+/// `x` rounded toward zero into `u64`, saturating (NaN and negatives give 0). Lua mirror:
+/// the value is already a double; `math.floor` when the Rust code says `floor`.
+pub(crate) fn to_u64(x: f64) -> u64 {
+    // `as` saturates and maps NaN to 0: exactly the no-panic behaviour wanted.
+    x as u64
+}
+
 /// One algorithm: the shape of its per-key state and its pure decision function.
 pub trait Algorithm {
     /// State kept per key. `Default` is the state of a key never seen.
@@ -108,10 +197,134 @@ pub trait Algorithm {
     /// store if the caller commits it. `cost == 0` checks without charging. For a refused
     /// request the returned state charges nothing, except fixed window (reference
     /// semantics: refused hits count unless `stop_increment_when_over_limit`).
-    fn decide(state: &Self::State, now: Micros, cost: u64, quota: &Quota)
-        -> (Decision, Self::State);
+    fn decide(
+        state: &Self::State,
+        now: Micros,
+        cost: u64,
+        quota: &Quota,
+    ) -> (Decision, Self::State);
 
     /// The instant from which `state` answers exactly as a fresh state would: the
     /// key may be dropped then (memory eviction, Redis TTL).
     fn expires_at(state: &Self::State, quota: &Quota) -> Micros;
+}
+
+/// Per-key state of any algorithm: what the memory store keeps per key.
+///
+/// A key's algorithm can change when rules are edited, so [`decide`] treats a state of
+/// another kind as fresh. Kept small (≤ 48 bytes, asserted by a test): the sliding log's
+/// variable-size state is boxed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    /// See [`fixed_window`].
+    FixedWindow(fixed_window::State),
+    /// See [`sliding_window`].
+    SlidingWindow(sliding_window::State),
+    /// See [`sliding_log`].
+    SlidingLog(Box<sliding_log::State>),
+    /// See [`token_bucket`].
+    TokenBucket(token_bucket::State),
+    /// See [`gcra`].
+    Gcra(gcra::State),
+}
+
+// === impl State ===
+
+impl State {
+    /// The state of a key never seen, for algorithm `kind`.
+    pub fn fresh(kind: AlgorithmKind) -> Self {
+        match kind {
+            AlgorithmKind::FixedWindow => Self::FixedWindow(Default::default()),
+            AlgorithmKind::SlidingWindow => Self::SlidingWindow(Default::default()),
+            AlgorithmKind::SlidingLog => Self::SlidingLog(Default::default()),
+            AlgorithmKind::TokenBucket => Self::TokenBucket(Default::default()),
+            AlgorithmKind::Gcra => Self::Gcra(Default::default()),
+        }
+    }
+
+    /// The algorithm this state belongs to.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            Self::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            Self::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
+            Self::SlidingLog(_) => AlgorithmKind::SlidingLog,
+            Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
+            Self::Gcra(_) => AlgorithmKind::Gcra,
+        }
+    }
+}
+
+/// Runs one algorithm's [`Algorithm::decide`] on a state of that kind (a fresh one if
+/// `state` belongs to another algorithm) and wraps the new state.
+fn run<A: Algorithm>(
+    state: Option<&A::State>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+    wrap: impl FnOnce(A::State) -> State,
+) -> (Decision, State) {
+    let fresh;
+    let state = match state {
+        Some(state) => state,
+        None => {
+            fresh = A::State::default();
+            &fresh
+        }
+    };
+    let (decision, next) = A::decide(state, now, cost, quota);
+    (decision, wrap(next))
+}
+
+/// Decides a request with algorithm `kind` over a stored `state` (see [`Algorithm::decide`]).
+/// A state of another algorithm (the rule changed) is treated as fresh.
+pub fn decide(
+    kind: AlgorithmKind,
+    state: &State,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> (Decision, State) {
+    use AlgorithmKind as K;
+    match (kind, state) {
+        (K::FixedWindow, State::FixedWindow(s)) => {
+            run::<fixed_window::FixedWindow>(Some(s), now, cost, quota, State::FixedWindow)
+        }
+        (K::FixedWindow, _) => {
+            run::<fixed_window::FixedWindow>(None, now, cost, quota, State::FixedWindow)
+        }
+        (K::SlidingWindow, State::SlidingWindow(s)) => {
+            run::<sliding_window::SlidingWindow>(Some(s), now, cost, quota, State::SlidingWindow)
+        }
+        (K::SlidingWindow, _) => {
+            run::<sliding_window::SlidingWindow>(None, now, cost, quota, State::SlidingWindow)
+        }
+        (K::SlidingLog, State::SlidingLog(s)) => {
+            run::<sliding_log::SlidingLog>(Some(s), now, cost, quota, |s| {
+                State::SlidingLog(Box::new(s))
+            })
+        }
+        (K::SlidingLog, _) => run::<sliding_log::SlidingLog>(None, now, cost, quota, |s| {
+            State::SlidingLog(Box::new(s))
+        }),
+        (K::TokenBucket, State::TokenBucket(s)) => {
+            run::<token_bucket::TokenBucket>(Some(s), now, cost, quota, State::TokenBucket)
+        }
+        (K::TokenBucket, _) => {
+            run::<token_bucket::TokenBucket>(None, now, cost, quota, State::TokenBucket)
+        }
+        (K::Gcra, State::Gcra(s)) => run::<gcra::Gcra>(Some(s), now, cost, quota, State::Gcra),
+        (K::Gcra, _) => run::<gcra::Gcra>(None, now, cost, quota, State::Gcra),
+    }
+}
+
+/// The instant from which `state` answers as a fresh state would (see
+/// [`Algorithm::expires_at`]): the store may drop the key then.
+pub fn expires_at(state: &State, quota: &Quota) -> Micros {
+    match state {
+        State::FixedWindow(s) => fixed_window::FixedWindow::expires_at(s, quota),
+        State::SlidingWindow(s) => sliding_window::SlidingWindow::expires_at(s, quota),
+        State::SlidingLog(s) => sliding_log::SlidingLog::expires_at(s, quota),
+        State::TokenBucket(s) => token_bucket::TokenBucket::expires_at(s, quota),
+        State::Gcra(s) => gcra::Gcra::expires_at(s, quota),
+    }
 }

@@ -1,1 +1,113 @@
-//! sliding_log (placeholder until implemented).
+//! Sliding log: an exact rolling window.
+//!
+//! A request of `cost` at `now` is admitted iff the units admitted in `(now - period, now]`
+//! plus `cost` are ≤ `limit`; only admitted requests are logged. The log is a sorted list
+//! of runs `(instant, units)`, one per instant with admissions, pruned on every decision,
+//! so it never holds more runs than `limit` (each holds at least one unit; limits above
+//! 10 000 are rejected at rule load).
+//!
+//! A clock that stepped back is treated as being at the newest run's instant (elapsed
+//! clamped at zero), so the log stays sorted and nothing expires early.
+//!
+//! `retry_after` is the time until enough of the oldest units leave the window (a unit
+//! logged at `t` leaves it at `t + period`); a `cost > limit` can never pass and reports
+//! one `period`. `reset_after` is the time until the newest run leaves the window.
+//!
+//! Memory per key: 16 bytes per run plus a 24-byte `Vec` header (boxed in
+//! [`super::State`]); at most `limit` runs, so ≤ 16 × limit + 24 bytes. In Redis
+//! (a sorted set) expect roughly 50-100 bytes per run.
+
+use super::{is_invalid, Algorithm, Decision, Micros, Quota};
+
+/// Units admitted at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Run {
+    /// When the units were admitted.
+    pub at: Micros,
+    /// How many units (≥ 1).
+    pub units: u64,
+}
+
+/// The admissions still inside the rolling window, oldest first, one run per instant.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Runs sorted by strictly increasing `at`, each with `units ≥ 1`.
+    pub runs: Vec<Run>,
+}
+
+/// The sliding log algorithm (see the module documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SlidingLog;
+
+impl Algorithm for SlidingLog {
+    type State = State;
+
+    fn decide(state: &State, now: Micros, cost: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::invalid_quota(cost, quota), state.clone());
+        }
+        let period = quota.period;
+        let newest = state.runs.last().map_or(0, |run| run.at);
+        let at = now.max(newest);
+        // A run at `t` is inside (at - period, at] iff t + period > at.
+        let live = state
+            .runs
+            .iter()
+            .position(|run| run.at.saturating_add(period) > at)
+            .unwrap_or(state.runs.len());
+        let runs = &state.runs[live..];
+        let in_window = runs
+            .iter()
+            .fold(0u64, |sum, run| sum.saturating_add(run.units));
+        let used = in_window.saturating_add(cost);
+        let allowed = used <= quota.limit;
+        let retry_after = if allowed {
+            0
+        } else if cost > quota.limit {
+            period
+        } else {
+            // The oldest units must leave until `used - limit` are gone.
+            let excess = used - quota.limit;
+            let mut freed = 0u64;
+            let mut wait = period;
+            for run in runs {
+                freed = freed.saturating_add(run.units);
+                if freed >= excess {
+                    wait = run.at.saturating_add(period).saturating_sub(now);
+                    break;
+                }
+            }
+            wait
+        };
+        let newest_after = if allowed && cost > 0 {
+            Some(at)
+        } else {
+            runs.last().map(|run| run.at)
+        };
+        let reset_after = newest_after.map_or(0, |t| t.saturating_add(period).saturating_sub(now));
+        let decision = Decision {
+            allowed,
+            remaining: if allowed { quota.limit - used } else { 0 },
+            reset_after,
+            retry_after,
+            used,
+        };
+        if !allowed || cost == 0 {
+            return (decision, state.clone());
+        }
+        let mut next = Vec::with_capacity(runs.len() + 1);
+        next.extend_from_slice(runs);
+        match next.last_mut() {
+            Some(last) if last.at == at => last.units = last.units.saturating_add(cost),
+            _ => next.push(Run { at, units: cost }),
+        }
+        (decision, State { runs: next })
+    }
+
+    fn expires_at(state: &State, quota: &Quota) -> Micros {
+        state
+            .runs
+            .last()
+            .map_or(0, |run| run.at.saturating_add(quota.period))
+    }
+}

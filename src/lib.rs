@@ -3,7 +3,17 @@
 //! The request path, module by module: [`service`] (gRPC) validates a request →
 //! [`rules`] turns each descriptor into checks → [`limiter`] answers them from local
 //! layers or the [`store`] → [`algorithm`] holds the pure math every store runs.
+//! [`server`] wires them; [`admin`] is the HTTP port; [`settings`] reads flags and env.
 
+pub mod admin;
 pub mod algorithm;
+pub mod clock;
+pub mod commands;
+pub mod limiter;
 pub mod proto;
 pub mod rules;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod store;
+pub mod telemetry;

@@ -1,2 +1,76 @@
 //! The `sluice` binary: parses the command line and hands over to the library.
-fn main() {}
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use sluice::rules::LoadOptions;
+use sluice::server::{self, Listeners};
+use sluice::settings::{Cli, Command, ServeArgs, Settings};
+use sluice::telemetry;
+
+fn main() -> anyhow::Result<ExitCode> {
+    match Cli::parse().command {
+        Command::Serve(args) => serve(&args),
+        Command::Check(args) => {
+            let options = LoadOptions {
+                merge_domains: args.merge_domains.unwrap_or(false),
+            };
+            let ok = sluice::commands::check(
+                &args.paths,
+                &options,
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            )?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
+    telemetry::init_logging(settings.log_format, &settings.log_level);
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(workers) = settings.workers {
+        runtime.worker_threads(workers.max(1));
+    }
+    let runtime = runtime.build().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
+            .await
+            .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;
+        let http = tokio::net::TcpListener::bind(settings.http_addr)
+            .await
+            .with_context(|| format!("binding HTTP listener {}", settings.http_addr))?;
+        server::run(Listeners { grpc, http }, settings, shutdown_signal()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

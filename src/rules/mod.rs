@@ -9,6 +9,7 @@ mod compile;
 mod error;
 mod index;
 mod limits;
+pub mod live;
 mod load;
 mod model;
 mod schema;

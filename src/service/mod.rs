@@ -1,0 +1,115 @@
+//! The RLS service: validates a request, decides it with the [`Limiter`] against the
+//! live rules, and assembles the answer. Shared by the gRPC endpoint and `POST /json`.
+//! Error-to-status mapping lives in [`errors`] alone.
+
+pub mod errors;
+pub mod request;
+pub mod response;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use crate::limiter::{Limiter, LimiterError};
+use crate::proto::rls::rate_limit_service_server::RateLimitService;
+use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use crate::rules::live::LiveRules;
+use crate::store::Store;
+use crate::telemetry::Metrics;
+pub use errors::ServiceError;
+pub use request::RequestBounds;
+pub use response::{HeaderMode, ResponseOptions};
+
+/// Answers rate limit requests.
+pub struct Service<S> {
+    /// Decides descriptors against the store.
+    limiter: Limiter<S>,
+    /// The rule set in force.
+    rules: Arc<LiveRules>,
+    /// Response shaping.
+    options: ResponseOptions,
+    /// Request size limits.
+    bounds: RequestBounds,
+    /// Call-level statistics.
+    metrics: Arc<Metrics>,
+}
+
+// === impl Service ===
+
+impl<S: Store> Service<S> {
+    /// A service deciding with `limiter` under `rules`.
+    pub fn new(
+        limiter: Limiter<S>,
+        rules: Arc<LiveRules>,
+        options: ResponseOptions,
+        bounds: RequestBounds,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            limiter,
+            rules,
+            options,
+            bounds,
+            metrics,
+        }
+    }
+
+    /// The limiter (and through it the store).
+    pub fn limiter(&self) -> &Limiter<S> {
+        &self.limiter
+    }
+
+    /// The live rules.
+    pub fn rules(&self) -> &Arc<LiveRules> {
+        &self.rules
+    }
+
+    /// Decides one request.
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let started = Instant::now();
+        let result = self.decide(request).await;
+        self.metrics
+            .request_duration
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            self.metrics.call_error(error.stat());
+        }
+        result
+    }
+
+    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+        let check = request::to_check_request(request, &self.bounds)?;
+        let rule_set = self.rules.current().ok_or(ServiceError::NoRules)?;
+        let verdicts = self
+            .limiter
+            .check(&rule_set.rules, &check)
+            .await
+            .map_err(|LimiterError::Store(error)| ServiceError::Store(error))?;
+        let built = response::build(&check, &verdicts, &self.options);
+        if built.shadowed {
+            self.metrics.global_shadow_mode.inc();
+        }
+        Ok(built.response)
+    }
+}
+
+/// The gRPC face of a [`Service`].
+pub struct GrpcService<S>(pub Arc<Service<S>>);
+
+#[tonic::async_trait]
+impl<S: Store> RateLimitService for GrpcService<S> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.0
+            .should_rate_limit(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+}

@@ -1,0 +1,434 @@
+//! Response assembly: per-descriptor statuses, the overall code (shadow and quota
+//! modes), rate limit headers and dynamic metadata, as envoyproxy/ratelimit answers.
+
+use std::collections::{BTreeMap, HashMap};
+
+use prost_types::{value::Kind, ListValue, Struct, Value};
+
+use crate::limiter::{ceil_seconds, CheckRequest, Limited, Verdict};
+use crate::proto::core::HeaderValue;
+use crate::proto::rls::rate_limit_response::{
+    rate_limit::Unit as WireUnit, Code, DescriptorStatus, RateLimit,
+};
+use crate::proto::rls::RateLimitResponse;
+use crate::rules::Unit;
+
+/// Which rate limit headers go into `response_headers_to_add`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeaderMode {
+    /// No headers.
+    #[default]
+    None,
+    /// The reference's `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    Reference,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, plus `Retry-After`.
+    Draft,
+    /// Both sets.
+    All,
+}
+
+/// How responses are shaped; fixed for the life of a rule set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResponseOptions {
+    /// `SHADOW_MODE`: an OVER_LIMIT overall code becomes OK (statuses keep theirs).
+    pub global_shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota descriptor.
+    pub global_quota_mode: bool,
+    /// Header set to add.
+    pub header_mode: HeaderMode,
+    /// Names of the reference's three headers (`LIMIT_*_HEADER`).
+    pub limit_header: String,
+    /// See `limit_header`.
+    pub remaining_header: String,
+    /// See `limit_header`.
+    pub reset_header: String,
+    /// `RESPONSE_DYNAMIC_METADATA`: describe the request in `dynamic_metadata`.
+    pub dynamic_metadata: bool,
+}
+
+impl Default for ResponseOptions {
+    fn default() -> Self {
+        Self {
+            global_shadow_mode: false,
+            global_quota_mode: false,
+            header_mode: HeaderMode::None,
+            limit_header: "RateLimit-Limit".into(),
+            remaining_header: "RateLimit-Remaining".into(),
+            reset_header: "RateLimit-Reset".into(),
+            dynamic_metadata: false,
+        }
+    }
+}
+
+/// A built response and whether global shadow mode turned OVER_LIMIT into OK.
+pub struct Built {
+    /// The wire response.
+    pub response: RateLimitResponse,
+    /// Global shadow mode let this call through.
+    pub shadowed: bool,
+}
+
+/// Assembles the response for `request` from its verdicts.
+pub fn build(
+    request: &CheckRequest<'_>,
+    verdicts: &[Verdict<'_>],
+    options: &ResponseOptions,
+) -> Built {
+    let statuses: Vec<DescriptorStatus> = verdicts.iter().map(status_of).collect();
+
+    // The descriptor the headers describe: the last non-quota one over its limit, else
+    // the one with the least remaining (the reference's choice).
+    let mut headline: Option<usize> = None;
+    let mut least_remaining = u32::MAX;
+    let mut any_over = false;
+    let mut quota_groups: HashMap<String, bool> = HashMap::new();
+    let mut group_of: Vec<Option<String>> = vec![None; verdicts.len()];
+    let mut passed = Vec::with_capacity(verdicts.len());
+
+    for (index, (verdict, status)) in verdicts.iter().zip(&statuses).enumerate() {
+        if status.current_limit.is_some() && status.limit_remaining < least_remaining {
+            headline = Some(index);
+            least_remaining = status.limit_remaining;
+        }
+        let Verdict::Limited(limited) = verdict else {
+            if !matches!(verdict, Verdict::Unlimited) {
+                passed.push(index);
+            }
+            continue;
+        };
+        let over = limited.over_limit;
+        if !over {
+            passed.push(index);
+        }
+        if options.global_quota_mode || limited.rule.quota_mode {
+            let group = quota_group_key(&request.descriptors[index].entries);
+            let entry = quota_groups.entry(group.clone()).or_insert(false);
+            *entry |= over;
+            group_of[index] = Some(group);
+        } else if over {
+            any_over = true;
+            headline = Some(index);
+            least_remaining = 0;
+        }
+    }
+    let quota_over = !quota_groups.is_empty() && quota_groups.values().all(|over| *over);
+    let mut overall = if any_over || quota_over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+
+    let mut response = RateLimitResponse::default();
+    if let Some(index) = headline {
+        if let (Verdict::Limited(limited), Some(status)) = (&verdicts[index], statuses.get(index)) {
+            response.response_headers_to_add =
+                headers(limited, status, overall == Code::OverLimit, options);
+        }
+    }
+    let mut shadowed = false;
+    if overall == Code::OverLimit && options.global_shadow_mode {
+        overall = Code::Ok;
+        shadowed = true;
+    }
+    if options.dynamic_metadata {
+        let available: Vec<usize> = passed
+            .into_iter()
+            .filter(|index| {
+                group_of[*index]
+                    .as_ref()
+                    .is_none_or(|group| !quota_groups.get(group).copied().unwrap_or(false))
+            })
+            .collect();
+        response.dynamic_metadata = Some(metadata(
+            request,
+            verdicts,
+            &available,
+            !quota_groups.is_empty(),
+        ));
+    }
+    response.overall_code = overall as i32;
+    response.statuses = statuses;
+    Built { response, shadowed }
+}
+
+/// The wire status of one verdict.
+fn status_of(verdict: &Verdict<'_>) -> DescriptorStatus {
+    match verdict {
+        Verdict::NoLimit => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        },
+        Verdict::Unlimited => DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        },
+        Verdict::Limited(limited) => {
+            let limit = limited.rule.limits.get(limited.limit_index);
+            DescriptorStatus {
+                code: if limited.over_limit {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                } as i32,
+                current_limit: limit.map(|limit| RateLimit {
+                    name: limited.rule.name.as_deref().unwrap_or_default().to_owned(),
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: wire_unit(limit.unit) as i32,
+                }),
+                limit_remaining: u32::try_from(limited.decision.remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(prost_types::Duration {
+                    seconds: i64::try_from(ceil_seconds(limited.decision.reset_after))
+                        .unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                quota: None,
+            }
+        }
+    }
+}
+
+/// The wire unit of a rule unit.
+pub fn wire_unit(unit: Unit) -> WireUnit {
+    match unit {
+        Unit::Second => WireUnit::Second,
+        Unit::Minute => WireUnit::Minute,
+        Unit::Hour => WireUnit::Hour,
+        Unit::Day => WireUnit::Day,
+        Unit::Week => WireUnit::Week,
+        Unit::Month => WireUnit::Month,
+        Unit::Year => WireUnit::Year,
+    }
+}
+
+/// Headers describing the headline descriptor.
+fn headers(
+    limited: &Limited<'_>,
+    status: &DescriptorStatus,
+    over: bool,
+    options: &ResponseOptions,
+) -> Vec<HeaderValue> {
+    let Some(limit) = limited.rule.limits.get(limited.limit_index) else {
+        return Vec::new();
+    };
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |duration| duration.seconds);
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        raw_value: Vec::new(),
+    };
+    let mut out = Vec::new();
+    if matches!(options.header_mode, HeaderMode::Reference | HeaderMode::All) {
+        out.push(header(
+            &options.limit_header,
+            limit.requests_per_unit.to_string(),
+        ));
+        out.push(header(
+            &options.remaining_header,
+            status.limit_remaining.to_string(),
+        ));
+        out.push(header(&options.reset_header, reset.to_string()));
+    }
+    if matches!(options.header_mode, HeaderMode::Draft | HeaderMode::All) {
+        let name = limited
+            .rule
+            .name
+            .as_deref()
+            .unwrap_or(&limited.rule.stats_key)
+            .replace(['"', '\\'], "_");
+        out.push(header(
+            "RateLimit-Policy",
+            format!(
+                "\"{name}\";q={};w={}",
+                limit.requests_per_unit,
+                limit.unit.seconds()
+            ),
+        ));
+        out.push(header(
+            "RateLimit",
+            format!("\"{name}\";r={};t={reset}", status.limit_remaining),
+        ));
+        if over {
+            let retry = ceil_seconds(limited.decision.retry_after).max(1);
+            out.push(header("Retry-After", retry.to_string()));
+        }
+    }
+    out
+}
+
+/// The reference's quota group of a descriptor: its backend/model entries if any,
+/// else all its entries.
+fn quota_group_key(entries: &[crate::rules::Entry<'_>]) -> String {
+    let mut backend = "";
+    let mut model = "";
+    let mut all = String::new();
+    for entry in entries {
+        match entry.key {
+            "backend_name" => backend = entry.value,
+            "model_name_override" => model = entry.value,
+            _ => {}
+        }
+        all.push_str(entry.key);
+        all.push('=');
+        all.push_str(entry.value);
+        all.push(';');
+    }
+    if backend.is_empty() && model.is_empty() {
+        all
+    } else {
+        format!("{backend}|{model}")
+    }
+}
+
+/// Dynamic metadata: the request, and the merged `metadata` of descriptors that passed.
+fn metadata(
+    request: &CheckRequest<'_>,
+    verdicts: &[Verdict<'_>],
+    available: &[usize],
+    quota_mode: bool,
+) -> Struct {
+    let mut fields = BTreeMap::new();
+    fields.insert("domain".to_owned(), string_value(request.domain));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let mut fields = BTreeMap::new();
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| string_value(&format!("{}={}", entry.key, entry.value)))
+                .collect();
+            fields.insert("entries".to_owned(), list_value(entries));
+            if let Some(limit) = descriptor.limit_override {
+                fields.insert(
+                    "limit".to_owned(),
+                    string_value(&format!(
+                        "requests_per_unit:{} unit:{}",
+                        limit.requests_per_unit,
+                        limit.unit.as_upper_str()
+                    )),
+                );
+            }
+            if let Some(addend) = descriptor.hits_addend {
+                fields.insert("hitsAddend".to_owned(), number_value(addend as f64));
+            }
+            struct_value(Struct { fields })
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list_value(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            number_value(request.hits_addend as f64),
+        );
+    }
+    let mut merged = Struct::default();
+    for index in available {
+        if let Some(Verdict::Limited(limited)) = verdicts.get(*index) {
+            if let Some(Kind::StructValue(source)) = limited
+                .rule
+                .metadata
+                .as_deref()
+                .map(json_to_value)
+                .and_then(|v| v.kind)
+            {
+                merge_first_wins(&mut merged, source);
+            }
+        }
+    }
+    if !merged.fields.is_empty() {
+        fields.insert("metadata".to_owned(), struct_value(merged));
+    }
+    if quota_mode {
+        let mut seen = std::collections::HashSet::new();
+        let mut backends = Vec::new();
+        for index in available {
+            let entries = &request.descriptors[*index].entries;
+            let find = |key: &str| {
+                entries
+                    .iter()
+                    .find(|e| e.key == key)
+                    .map_or("", |e| e.value)
+            };
+            let (backend, model) = (find("backend_name"), find("model_name_override"));
+            if (backend.is_empty() && model.is_empty()) || !seen.insert(quota_group_key(entries)) {
+                continue;
+            }
+            let mut pair = BTreeMap::new();
+            pair.insert("backend_name".to_owned(), string_value(backend));
+            pair.insert("model_name_override".to_owned(), string_value(model));
+            backends.push(struct_value(Struct { fields: pair }));
+        }
+        if !backends.is_empty() {
+            fields.insert("passedBackends".to_owned(), list_value(backends));
+        }
+    }
+    Struct { fields }
+}
+
+/// Merges `source` into `dest`: nested structs merge, an existing value wins.
+fn merge_first_wins(dest: &mut Struct, source: Struct) {
+    for (key, value) in source.fields {
+        match dest.fields.get_mut(&key) {
+            Some(Value {
+                kind: Some(Kind::StructValue(existing)),
+            }) => {
+                if let Some(Kind::StructValue(inner)) = value.kind {
+                    merge_first_wins(existing, inner);
+                }
+            }
+            Some(_) => {}
+            None => {
+                dest.fields.insert(key, value);
+            }
+        }
+    }
+}
+
+/// A protobuf `Value` from JSON.
+pub fn json_to_value(json: &serde_json::Value) -> Value {
+    let kind = match json {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(json_to_value).collect(),
+        }),
+        serde_json::Value::Object(map) => Kind::StructValue(Struct {
+            fields: map
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
+}
+
+fn string_value(text: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(text.to_owned())),
+    }
+}
+
+fn number_value(number: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(number)),
+    }
+}
+
+fn list_value(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+fn struct_value(value: Struct) -> Value {
+    Value {
+        kind: Some(Kind::StructValue(value)),
+    }
+}

@@ -1,0 +1,72 @@
+use std::collections::HashMap;
+
+use clap::Parser;
+
+use super::*;
+
+fn resolve(argv: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let mut full = vec!["sluice", "serve"];
+    full.extend_from_slice(argv);
+    let cli = Cli::try_parse_from(full).expect("arguments parse");
+    let Command::Serve(args) = cli.command else {
+        panic!("not serve");
+    };
+    let env: HashMap<String, String> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Settings::resolve(&args, &|name| env.get(name).cloned())
+}
+
+#[test]
+fn defaults() {
+    let settings = resolve(&[], &[]).expect("defaults resolve");
+    assert_eq!(settings.config, PathBuf::from("config/"));
+    assert_eq!(settings.grpc_addr.to_string(), "0.0.0.0:8081");
+    assert_eq!(settings.http_addr.to_string(), "0.0.0.0:8080");
+    assert_eq!(settings.response.header_mode, HeaderMode::None);
+    assert!((settings.near_limit_ratio - 0.8).abs() < f32::EPSILON);
+}
+
+#[test]
+fn reference_variables_map_and_flags_win() {
+    let env = [
+        ("RUNTIME_ROOT", "/srv/runtime"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("GRPC_PORT", "9091"),
+        ("PORT", "9090"),
+        ("SHADOW_MODE", "true"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
+        ("LIMIT_LIMIT_HEADER", "X-Limit"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
+        ("USE_STATSD", "false"),
+    ];
+    let settings = resolve(&[], &env).expect("resolves");
+    assert_eq!(
+        settings.config,
+        PathBuf::from("/srv/runtime/ratelimit/config")
+    );
+    assert_eq!(settings.grpc_addr.port(), 9091);
+    assert_eq!(settings.http_addr.port(), 9090);
+    assert!(settings.response.global_shadow_mode);
+    assert_eq!(settings.response.header_mode, HeaderMode::Reference);
+    assert_eq!(settings.response.limit_header, "X-Limit");
+    assert!((settings.near_limit_ratio - 0.5).abs() < f32::EPSILON);
+    assert_eq!(settings.ignored_env, vec!["USE_STATSD".to_owned()]);
+
+    let flags = resolve(
+        &["--shadow-mode", "false", "--grpc-addr", "127.0.0.1:1"],
+        &env,
+    )
+    .expect("resolves");
+    assert!(!flags.response.global_shadow_mode);
+    assert_eq!(flags.grpc_addr.to_string(), "127.0.0.1:1");
+}
+
+#[test]
+fn bad_reference_values_are_named() {
+    let error = resolve(&[], &[("SHADOW_MODE", "yes")]).expect_err("rejects");
+    assert!(error.to_string().contains("SHADOW_MODE"), "{error}");
+    let error = resolve(&[], &[("GRPC_PORT", "http")]).expect_err("rejects");
+    assert!(error.to_string().contains("GRPC_PORT"), "{error}");
+}

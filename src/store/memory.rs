@@ -1,0 +1,239 @@
+//! The in-memory store: one instance's counters in a sharded, bounded map.
+//!
+//! Each shard is a `Mutex<HashMap>` held only for the synchronous decision (never across
+//! an await). Entries whose state is back to fresh are dropped lazily and by
+//! [`MemoryStore::sweep_expired`]; when a shard is full of live entries, one is evicted
+//! per insert and counted: a bounded map forgets rather than grows.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::algorithm::{self, Decision, Micros, State};
+use crate::clock::Clock;
+use crate::store::{LimitCheck, LimitKey, Store, StoreCheck, StoreError};
+
+/// Number of shards; a power of two so the shard index is a mask.
+const SHARDS: usize = 64;
+
+/// How often a full shard may be swept for expired entries before evicting live ones.
+const SWEEP_INTERVAL_MICROS: Micros = 100_000;
+
+/// Counters of one Sluice instance, in memory.
+pub struct MemoryStore {
+    /// The shards; a key's shard comes from high bits of its digest.
+    shards: Box<[Mutex<Shard>]>,
+    /// Source of `now` for every decision.
+    clock: Arc<dyn Clock>,
+    /// Most entries one shard may hold (`--memory-max-keys` / shards, at least 1).
+    shard_capacity: usize,
+    /// Live entries dropped because a shard was full.
+    evictions: AtomicU64,
+}
+
+/// One shard of the map.
+#[derive(Default)]
+struct Shard {
+    /// Limit key → state and the instant it becomes fresh again.
+    entries: HashMap<LimitKey, Slot, BuildHasherDefault<DigestHasher>>,
+    /// Earliest time the next sweep of this shard may run.
+    next_sweep: Micros,
+}
+
+/// A stored state with its expiry.
+struct Slot {
+    /// Algorithm state.
+    state: State,
+    /// From this instant the state answers as a fresh one would.
+    expires_at: Micros,
+}
+
+// === impl MemoryStore ===
+
+impl MemoryStore {
+    /// A store holding at most `max_keys` limit states, reading time from `clock`.
+    pub fn new(max_keys: usize, clock: Arc<dyn Clock>) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        Self {
+            shards,
+            clock,
+            shard_capacity: (max_keys / SHARDS).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of limit states held now (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).entries.len())
+            .sum()
+    }
+
+    /// Whether no state is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live entries evicted so far because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Drops every entry whose state is back to fresh. Called periodically by the server.
+    pub fn sweep_expired(&self) {
+        let now = self.clock.now();
+        for shard in self.shards.iter() {
+            lock(shard).entries.retain(|_, slot| slot.expires_at > now);
+        }
+    }
+
+    /// Decides one check under its shard's lock; commits when `commit` says so.
+    fn decide(&self, check: &StoreCheck, commit: bool, decisions: &mut Vec<Decision>) {
+        let now = self.clock.now();
+        let mut shard = lock(&self.shards[shard_index(check)]);
+        let first = decisions.len();
+        for (index, limit) in check.limits.iter().enumerate() {
+            let (decision, _) = shard.decide(check.key.for_limit(index), limit, check.cost, now);
+            decisions.push(decision);
+        }
+        if !commit {
+            return;
+        }
+        let all_allowed = decisions[first..].iter().all(|d| d.allowed);
+        // A refused single limit still commits: fixed window counts refused hits, and
+        // the other algorithms return their state unchanged.
+        if !all_allowed && check.limits.len() > 1 {
+            return;
+        }
+        for (index, limit) in check.limits.iter().enumerate() {
+            let key = check.key.for_limit(index);
+            let (_, next) = shard.decide(key, limit, check.cost, now);
+            let expires_at = algorithm::expires_at(&next, &limit.quota);
+            let evicted = shard.insert(key, next, expires_at, now, self.shard_capacity);
+            if evicted {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    async fn check(
+        &self,
+        checks: &[StoreCheck],
+        decisions: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        for check in checks {
+            self.decide(check, true, decisions);
+        }
+        Ok(())
+    }
+
+    async fn peek(
+        &self,
+        check: &StoreCheck,
+        decisions: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.decide(check, false, decisions);
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+// === impl Shard ===
+
+impl Shard {
+    /// Decides `limit` for `key` from its stored state, or a fresh one when the key is
+    /// absent or expired.
+    fn decide(
+        &self,
+        key: LimitKey,
+        limit: &LimitCheck,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, State) {
+        match self.entries.get(&key) {
+            Some(slot) if slot.expires_at > now => {
+                algorithm::decide(limit.algorithm, &slot.state, now, cost, &limit.quota)
+            }
+            _ => {
+                let fresh = State::fresh(limit.algorithm);
+                algorithm::decide(limit.algorithm, &fresh, now, cost, &limit.quota)
+            }
+        }
+    }
+
+    /// Stores `state`; returns whether a live entry had to be evicted to make room.
+    fn insert(
+        &mut self,
+        key: LimitKey,
+        state: State,
+        expires_at: Micros,
+        now: Micros,
+        capacity: usize,
+    ) -> bool {
+        if expires_at <= now {
+            self.entries.remove(&key);
+            return false;
+        }
+        let mut evicted = false;
+        if self.entries.len() >= capacity && !self.entries.contains_key(&key) {
+            if now >= self.next_sweep {
+                self.next_sweep = now.saturating_add(SWEEP_INTERVAL_MICROS);
+                self.entries.retain(|_, slot| slot.expires_at > now);
+            }
+            if self.entries.len() >= capacity {
+                if let Some(victim) = self.entries.keys().next().copied() {
+                    self.entries.remove(&victim);
+                    evicted = true;
+                }
+            }
+        }
+        self.entries.insert(key, Slot { state, expires_at });
+        evicted
+    }
+}
+
+/// Shard of a check: all limits of one descriptor live in one shard.
+fn shard_index(check: &StoreCheck) -> usize {
+    (check.key.0 >> 100) as usize & (SHARDS - 1)
+}
+
+/// Locks a shard; a poisoned lock (a panic elsewhere) still yields the data, since a
+/// shard's map is valid after any panic-free mutation sequence we perform.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Keys are already uniform digests: fold them instead of hashing them again.
+#[derive(Default)]
+struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 ^= (value as u64) ^ ((value >> 64) as u64);
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.0 = self
+            .0
+            .wrapping_add(u64::from(value).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    }
+}

@@ -1,0 +1,105 @@
+//! Counter stores: where algorithm state lives. [`memory`] is the default; Redis comes
+//! later behind the same [`Store`] trait. A store knows keys, algorithms and time; it
+//! knows nothing of rules, requests or responses.
+
+pub mod key;
+pub mod memory;
+
+use std::future::Future;
+
+use crate::algorithm::{AlgorithmKind, Decision, Quota};
+pub use key::{CounterKey, LimitKey};
+
+/// One limit to decide within a [`StoreCheck`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitCheck {
+    /// Algorithm of the limit.
+    pub algorithm: AlgorithmKind,
+    /// Its numbers.
+    pub quota: Quota,
+}
+
+/// One descriptor's check: every limit of the matched rule, decided all-or-nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreCheck {
+    /// Identity of the descriptor's counters.
+    pub key: CounterKey,
+    /// The limits, in rule order. Limit `i` lives at `key.for_limit(i)`.
+    pub limits: Vec<LimitCheck>,
+    /// Units this request costs (0 = check without charging).
+    pub cost: u64,
+}
+
+/// Errors a store reports. Every store error is answered by the rule's failure mode.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer within its deadline.
+    #[error("store call timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store is unreachable or refused the call; may succeed if retried later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something this version cannot use (a bug or a misconfiguration).
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Short, bounded label for metrics (`sluice_store_errors_total{kind}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout(_) => "timeout",
+            Self::Unavailable(_) => "unavailable",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+}
+
+/// A place where counters live.
+///
+/// Semantics every store implements identically: for each check, every limit is
+/// decided at the store's current time; if all allow, every limit is charged `cost`;
+/// if any refuses, none is charged, except that a rule with a single fixed-window limit
+/// charges a refused request (the reference's behaviour) unless its quota says
+/// `stop_increment_when_over_limit`.
+pub trait Store: Send + Sync + 'static {
+    /// Decides `checks`, appending one decision per limit, in order, to `decisions`.
+    fn check(
+        &self,
+        checks: &[StoreCheck],
+        decisions: &mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads what `check` would decide for `check`, charging nothing (`/explain`).
+    fn peek(
+        &self,
+        check: &StoreCheck,
+        decisions: &mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Short name for `/status` and logs (`memory`, `redis`, ...).
+    fn kind(&self) -> &'static str;
+}
+
+/// A shared store is a store (the server keeps a handle for background sweeps).
+impl<T: Store> Store for std::sync::Arc<T> {
+    fn check(
+        &self,
+        checks: &[StoreCheck],
+        decisions: &mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).check(checks, decisions)
+    }
+
+    fn peek(
+        &self,
+        check: &StoreCheck,
+        decisions: &mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).peek(check, decisions)
+    }
+
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}

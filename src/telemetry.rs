@@ -1,0 +1,226 @@
+//! Metrics (Prometheus text via `prometheus-client`) and log setup.
+//!
+//! Labels are bounded by configuration, never by descriptor values, except the stats
+//! keys of `detailed_metric` rules, which are capped at [`MAX_RULE_LABELS`]. The `rule`
+//! label is the reference's stats key, so dashboards built on envoyproxy/ratelimit's
+//! `ratelimit.service.rate_limit.<key>.<stat>` map one to one onto
+//! `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Most distinct `rule` label values; further detailed-metric keys share `overflow`.
+pub const MAX_RULE_LABELS: usize = 10_000;
+
+/// Label of a per-rule hit statistic.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleStatLabels {
+    /// The reference's stats key (`domain.key_value`).
+    pub rule: Arc<str>,
+    /// `total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`,
+    /// `over_limit_with_local_cache`.
+    pub stat: &'static str,
+}
+
+/// Label of a per-rule decision count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// Domain of the request.
+    pub domain: Arc<str>,
+    /// The reference's stats key.
+    pub rule: Arc<str>,
+    /// `ok`, `over_limit`, `near_limit` or `shadow_over_limit`.
+    pub decision: &'static str,
+}
+
+/// A label with one bounded string value.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The bounded value.
+    pub kind: &'static str,
+}
+
+/// A reload outcome label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// Every metric Sluice exports.
+pub struct Metrics {
+    /// The registry `/metrics` encodes.
+    registry: Registry,
+    /// Reference-compatible per-rule statistics, in hits.
+    pub rule_hits: Family<RuleStatLabels, Counter>,
+    /// Per-rule decisions, in requests.
+    pub requests: Family<DecisionLabels, Counter>,
+    /// Time to answer one ShouldRateLimit call.
+    pub request_duration: Histogram,
+    /// Calls that failed: `service_error` (bad request, no rules) or `store_error`.
+    pub call_errors: Family<KindLabel, Counter>,
+    /// Calls whose OVER_LIMIT was turned into OK by global shadow mode.
+    pub global_shadow_mode: Counter,
+    /// Descriptors looked up in a domain that has no rules.
+    pub domain_not_found: Counter,
+    /// Rule set loads by result.
+    pub config_reloads: Family<ResultLabel, Counter>,
+    /// Rules in the active rule set.
+    pub config_rules: Gauge,
+    /// Live entries the memory store evicted because it was full.
+    pub memory_evictions: Counter,
+    /// Distinct `rule` label values handed out so far (the cardinality cap).
+    rule_labels: Mutex<HashSet<Arc<str>>>,
+}
+
+impl Metrics {
+    /// Registers every metric under the `sluice_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let rule_hits = Family::default();
+        registry.register(
+            "rule_hits",
+            "Hits per rule and statistic, as envoyproxy/ratelimit's rate_limit stats",
+            rule_hits.clone(),
+        );
+        let requests = Family::default();
+        registry.register(
+            "requests",
+            "Descriptor decisions per rule",
+            requests.clone(),
+        );
+        let request_duration = Histogram::new(exponential_buckets(0.000_025, 2.0, 16));
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer one ShouldRateLimit call",
+            request_duration.clone(),
+        );
+        let call_errors = Family::default();
+        registry.register(
+            "call_errors",
+            "Failed ShouldRateLimit calls",
+            call_errors.clone(),
+        );
+        let global_shadow_mode = Counter::default();
+        registry.register(
+            "global_shadow_mode",
+            "Calls let through by global shadow mode",
+            global_shadow_mode.clone(),
+        );
+        let domain_not_found = Counter::default();
+        registry.register(
+            "domain_not_found",
+            "Descriptors for a domain without rules",
+            domain_not_found.clone(),
+        );
+        let config_reloads = Family::default();
+        registry.register(
+            "config_reload",
+            "Rule set loads by result",
+            config_reloads.clone(),
+        );
+        let config_rules = Gauge::default();
+        registry.register(
+            "config_rules",
+            "Rules in the active rule set",
+            config_rules.clone(),
+        );
+        let memory_evictions = Counter::default();
+        registry.register(
+            "memory_evictions",
+            "Live counters evicted because the memory store was full",
+            memory_evictions.clone(),
+        );
+        Self {
+            registry,
+            rule_hits,
+            requests,
+            request_duration,
+            call_errors,
+            global_shadow_mode,
+            domain_not_found,
+            config_reloads,
+            config_rules,
+            memory_evictions,
+            rule_labels: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The label for a request-specific stats key (`detailed_metric`), capped.
+    pub fn rule_label(&self, stats_key: &str) -> Arc<str> {
+        let mut labels = self
+            .rule_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(existing) = labels.get(stats_key) {
+            return existing.clone();
+        }
+        if labels.len() >= MAX_RULE_LABELS {
+            return Arc::from("overflow");
+        }
+        let label: Arc<str> = Arc::from(stats_key);
+        labels.insert(label.clone());
+        label
+    }
+
+    /// Adds `hits` to one reference statistic of a rule.
+    pub fn add_rule_hits(&self, rule: &Arc<str>, stat: &'static str, hits: u64) {
+        if hits == 0 {
+            return;
+        }
+        let labels = RuleStatLabels {
+            rule: rule.clone(),
+            stat,
+        };
+        self.rule_hits.get_or_create(&labels).inc_by(hits);
+    }
+
+    /// Counts one failed call.
+    pub fn call_error(&self, kind: &'static str) {
+        self.call_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the global `tracing` subscriber; `level` is a filter such as `info` or
+/// `sluice=debug`. Does nothing if one is installed already (tests).
+pub fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

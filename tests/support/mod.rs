@@ -1,0 +1,255 @@
+//! Shared helpers for black-box tests: a Sluice server on loopback ports, clients, and
+//! metric lookups by the reference's stat names.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use sluice::server::{self, Listeners};
+use sluice::settings::{Cli, Command, Settings};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// A Sluice server running in this process on free loopback ports.
+pub struct TestServer {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    /// The watched config directory.
+    pub config_dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), server::ServerError>>>,
+}
+
+impl TestServer {
+    /// Starts a server whose config directory holds `files` (name, content), with the
+    /// given environment (reference variables) and extra `serve` flags.
+    pub async fn start(
+        files: &[(String, String)],
+        env: &[(String, String)],
+        flags: &[&str],
+    ) -> Self {
+        let config_dir = tempfile::tempdir().expect("temp dir");
+        for (name, text) in files {
+            write_file(config_dir.path(), name, text);
+        }
+        let dir = config_dir.path().to_string_lossy().into_owned();
+        let mut argv = vec![
+            "sluice",
+            "serve",
+            "--config",
+            dir.as_str(),
+            "--reload-interval",
+            "100ms",
+        ];
+        argv.extend_from_slice(flags);
+        let settings = settings_from(&argv, env);
+        let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let grpc = grpc_listener.local_addr().expect("addr");
+        let http = http_listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(
+            Listeners {
+                grpc: grpc_listener,
+                http: http_listener,
+            },
+            settings,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let server = Self {
+            grpc,
+            http,
+            config_dir,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        server.wait_until_listening().await;
+        server
+    }
+
+    async fn wait_until_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if reqwest::get(format!("http://{}/livez", self.http))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server did not start listening");
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect gRPC")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.http, path)
+    }
+
+    /// Every metric sample, by `name{labels}` as exposed.
+    pub async fn metrics(&self) -> Metrics {
+        let text = reqwest::get(self.url("/metrics"))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body");
+        Metrics::parse(&text)
+    }
+
+    pub fn write_config(&self, name: &str, text: &str) {
+        write_file(self.config_dir.path(), name, text);
+    }
+
+    pub fn remove_config(&self, name: &str) {
+        std::fs::remove_file(self.config_dir.path().join(name)).expect("remove config file");
+    }
+
+    /// Stops the server and waits for it to exit.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Resolves `serve` settings from argv and an explicit environment.
+pub fn settings_from(argv: &[&str], env: &[(String, String)]) -> Settings {
+    let cli = Cli::try_parse_from(argv).expect("serve arguments");
+    let Command::Serve(args) = cli.command else {
+        panic!("not a serve command");
+    };
+    let env: HashMap<String, String> = env.iter().cloned().collect();
+    Settings::resolve(&args, &|name| env.get(name).cloned()).expect("settings resolve")
+}
+
+pub fn write_file(dir: &Path, name: &str, text: &str) {
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).expect("create config subdir");
+    }
+    std::fs::write(path, text).expect("write config file");
+}
+
+/// Parsed Prometheus text.
+#[derive(Debug, Default)]
+pub struct Metrics(pub HashMap<String, f64>);
+
+impl Metrics {
+    pub fn parse(text: &str) -> Self {
+        let mut samples = HashMap::new();
+        for line in text.lines() {
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            if let Some((name, value)) = line.rsplit_once(' ') {
+                if let Ok(value) = value.parse() {
+                    samples.insert(name.to_owned(), value);
+                }
+            }
+        }
+        Self(samples)
+    }
+
+    pub fn get(&self, sample: &str) -> f64 {
+        self.0.get(sample).copied().unwrap_or(0.0)
+    }
+
+    /// The value of a statistic named as envoyproxy/ratelimit names it.
+    pub fn reference_stat(&self, name: &str) -> f64 {
+        self.get(&sluice_sample_for(name))
+    }
+}
+
+/// Sluice's sample name for a reference statistic (the README's mapping table).
+pub fn sluice_sample_for(reference: &str) -> String {
+    if let Some(rest) = reference.strip_prefix("ratelimit.service.rate_limit.") {
+        let (rule, stat) = rest.rsplit_once('.').expect("rule stat has a stat suffix");
+        return format!("sluice_rule_hits_total{{rule=\"{rule}\",stat=\"{stat}\"}}");
+    }
+    match reference {
+        "ratelimit.service.config_load_success" => {
+            "sluice_config_reload_total{result=\"success\"}".into()
+        }
+        "ratelimit.service.config_load_error" => {
+            "sluice_config_reload_total{result=\"error\"}".into()
+        }
+        "ratelimit.service.global_shadow_mode" => "sluice_global_shadow_mode_total".into(),
+        "ratelimit.service.call.should_rate_limit.service_error" => {
+            "sluice_call_errors_total{kind=\"service_error\"}".into()
+        }
+        "ratelimit.service.call.should_rate_limit.redis_error" => {
+            "sluice_call_errors_total{kind=\"store_error\"}".into()
+        }
+        other => panic!("no Sluice metric for reference stat {other}"),
+    }
+}
+
+/// The conformance data directory, or `None` (with a message) when it is absent and
+/// not required. Panics when `SLUICE_CONFORMANCE_DIR` is set but missing.
+pub fn conformance_dir() -> Option<PathBuf> {
+    match std::env::var_os("SLUICE_CONFORMANCE_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            assert!(
+                dir.join("cases.yaml").is_file(),
+                "SLUICE_CONFORMANCE_DIR={} has no cases.yaml",
+                dir.display()
+            );
+            Some(dir)
+        }
+        None => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance");
+            if dir.join("cases.yaml").is_file() {
+                Some(dir)
+            } else {
+                eprintln!(
+                    "conformance data not found at {}; set SLUICE_CONFORMANCE_DIR to run these tests",
+                    dir.display()
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Loads `cases.yaml` as JSON values.
+pub fn load_cases(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("cases.yaml")).expect("read cases.yaml");
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).expect("parse cases.yaml");
+    doc["cases"].as_array().cloned().expect("cases list")
+}
+
+/// Case ids excluded from conformance runs, with the reason (tests/conformance_exclusions.yaml).
+pub fn exclusions() -> HashMap<String, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance_exclusions.yaml");
+    let text = std::fs::read_to_string(path).expect("read conformance_exclusions.yaml");
+    serde_saphyr::from_str(&text).expect("parse conformance_exclusions.yaml")
+}

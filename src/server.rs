@@ -14,7 +14,7 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{Limiter, LimiterSettings};
+use crate::limiter::Limiter;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::LiveRules;
 use crate::service::{GrpcService, Service};
@@ -98,7 +98,7 @@ pub async fn run(
     let clock: Arc<dyn Clock> = SystemClock::shared();
     match settings.store {
         StoreKind::Memory => {
-            let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock));
+            let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock.clone()));
             let sweeper = store.clone();
             let sweep = tokio::spawn(async move {
                 let mut tick = tokio::time::interval(SWEEP_INTERVAL);
@@ -107,7 +107,7 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let result = serve(listeners, settings, store, shutdown).await;
+            let result = serve(listeners, settings, store, clock, shutdown).await;
             sweep.abort();
             result
         }
@@ -119,6 +119,7 @@ async fn serve<S: Store>(
     listeners: Listeners,
     settings: Settings,
     store: S,
+    clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
@@ -126,14 +127,7 @@ async fn serve<S: Store>(
     }
     let metrics = Arc::new(Metrics::new());
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
-    let limiter = Limiter::new(
-        store,
-        LimiterSettings {
-            near_limit_ratio: settings.near_limit_ratio,
-            stop_increment_when_over_limit: settings.stop_increment_when_over_limit,
-        },
-        metrics.clone(),
-    );
+    let limiter = Limiter::new(store, clock, settings.limiter, metrics.clone());
     let service = Arc::new(Service::new(
         limiter,
         rules.clone(),

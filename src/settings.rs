@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;
 use crate::service::{HeaderMode, RequestBounds, ResponseOptions};
 use crate::telemetry::LogFormat;
@@ -89,7 +90,7 @@ pub struct ServeArgs {
     /// Describe the request in dynamic metadata [or RESPONSE_DYNAMIC_METADATA].
     #[arg(long, env = "SLUICE_DYNAMIC_METADATA")]
     pub dynamic_metadata: Option<bool>,
-    /// Refused fixed-window hits do not count [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
+    /// When one descriptor would go over, charge no other descriptor of the request [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
     #[arg(long, env = "SLUICE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
     pub stop_increment_when_over_limit: Option<bool>,
     /// How often the config path is re-read as a backstop to file events.
@@ -146,10 +147,8 @@ pub struct Settings {
     pub load: LoadOptions,
     /// Response shaping.
     pub response: ResponseOptions,
-    /// Near-limit ratio.
-    pub near_limit_ratio: f32,
-    /// Stop counting refused fixed-window hits.
-    pub stop_increment_when_over_limit: bool,
+    /// Request semantics of the limiter.
+    pub limiter: LimiterSettings,
     /// Request bounds.
     pub bounds: RequestBounds,
     /// Largest gRPC message.
@@ -324,11 +323,15 @@ impl Settings {
                 merge_domains: pick(args.merge_domains, "MERGE_DOMAIN_CONFIG")?,
             },
             response,
-            near_limit_ratio,
-            stop_increment_when_over_limit: pick(
-                args.stop_increment_when_over_limit,
-                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-            )?,
+            limiter: LimiterSettings {
+                near_limit_ratio,
+                stop_increment_when_over_limit: pick(
+                    args.stop_increment_when_over_limit,
+                    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+                )?,
+                report_local_cache: env("LOCAL_CACHE_SIZE_IN_BYTES")
+                    .is_some_and(|size| size.trim().parse::<u64>().is_ok_and(|n| n > 0)),
+            },
             bounds: RequestBounds {
                 max_descriptors: args.max_descriptors,
                 max_entries: args.max_entries,

@@ -48,6 +48,13 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// A local decision layer label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LayerLabel {
+    /// `blocked_cache`, `precheck` or `lease`.
+    pub layer: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -77,6 +84,8 @@ pub struct Metrics {
     pub config_rules: Gauge,
     /// Live entries the memory store evicted because it was full.
     pub memory_evictions: Counter,
+    /// Decisions made without the store, per local layer.
+    pub local_decisions: Family<LayerLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
 }
@@ -139,6 +148,12 @@ impl Metrics {
             "Live counters evicted because the memory store was full",
             memory_evictions.clone(),
         );
+        let local_decisions = Family::default();
+        registry.register(
+            "local_decisions",
+            "Decisions made without the store, per local layer",
+            local_decisions.clone(),
+        );
         Self {
             registry,
             rule_hits,
@@ -150,6 +165,7 @@ impl Metrics {
             config_reloads,
             config_rules,
             memory_evictions,
+            local_decisions,
             rule_labels: Mutex::new(HashSet::new()),
         }
     }
@@ -181,6 +197,23 @@ impl Metrics {
             stat,
         };
         self.rule_hits.get_or_create(&labels).inc_by(hits);
+    }
+
+    /// Counts one decision made by a local layer.
+    pub fn local_decision(&self, layer: &'static str) {
+        self.local_decisions
+            .get_or_create(&LayerLabel { layer })
+            .inc();
+    }
+
+    /// Counts one descriptor decision of a rule.
+    pub fn count_decision(&self, domain: &Arc<str>, rule: &Arc<str>, decision: &'static str) {
+        let labels = DecisionLabels {
+            domain: domain.clone(),
+            rule: rule.clone(),
+            decision,
+        };
+        self.requests.get_or_create(&labels).inc();
     }
 
     /// Counts one failed call.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice::algorithm::{AlgorithmKind, Quota, MICROS_PER_SECOND};
 use sluice::clock::ManualClock;
-use sluice::limiter::{Limiter, LimiterSettings};
+use sluice::limiter::Limiter;
 use sluice::proto::common::rate_limit_descriptor::Entry as WireEntry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -137,7 +137,9 @@ async fn run_scenario(case: Value, configs: std::path::PathBuf) -> Result<(), St
             }
         } else if let Some(action) = step.get("action").and_then(Value::as_str) {
             let file = step["file"].as_str().unwrap_or_default();
-            before_action = Some(server.metrics().await);
+            if action != "wait_until_counter_increases" {
+                before_action = Some(server.metrics().await);
+            }
             match action {
                 "add_config_file" => {
                     let text = std::fs::read_to_string(configs.join(file))
@@ -219,10 +221,8 @@ impl Harness {
         let metrics = Arc::new(SluiceMetrics::new());
         let limiter = Limiter::new(
             store.clone(),
-            LimiterSettings {
-                near_limit_ratio: settings.near_limit_ratio,
-                stop_increment_when_over_limit: settings.stop_increment_when_over_limit,
-            },
+            clock.clone(),
+            settings.limiter,
             metrics.clone(),
         );
         let rules = Arc::new(LiveRules::new(dir.path(), settings.load));
@@ -317,8 +317,11 @@ fn entries_of(value: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A descriptor's entries and the limit the case gives it.
+type CaseItem = (Vec<(String, String)>, Option<CaseLimit>);
+
 /// A rule file (JSON is YAML) giving each entry path its limit.
-fn synthesize_config(domain: &str, items: &[(Vec<(String, String)>, Option<CaseLimit>)]) -> String {
+fn synthesize_config(domain: &str, items: &[CaseItem]) -> String {
     fn insert(nodes: &mut Vec<Value>, path: &[(String, String)], limit: &Option<CaseLimit>) {
         let Some(((key, value), rest)) = path.split_first() else {
             return;
@@ -412,7 +415,7 @@ async fn service_aggregation() {
             (Ok(_), Some(message)) => return Err(format!("expected error {message:?}")),
             (Ok(response), None) => check_response(&response, expect)?,
         }
-        check_stats(&harness.metrics(), expect, "")
+        check_stats(&harness.metrics(), expect, &HashMap::new())
     })
     .await;
 }
@@ -443,6 +446,9 @@ async fn backend_arithmetic() {
                 .unwrap_or(0.8)
                 .to_string(),
         )];
+        if settings["local_cache"] == json!(true) {
+            env.push(("LOCAL_CACHE_SIZE_IN_BYTES".into(), "1000".into()));
+        }
         if settings["stop_cache_key_increment_when_overlimit"] == json!(true) {
             env.push((
                 "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT".into(),
@@ -470,8 +476,11 @@ async fn backend_arithmetic() {
                     descriptor["counter_after"].as_u64(),
                 ) {
                     let hits = hits_addend.unwrap_or(request_hits.max(1));
-                    let before = descriptor["counter_before"]
+                    // The store's real content before the step: what the reference read,
+                    // else what its increment started from.
+                    let before = descriptor["counter_read_before"]
                         .as_u64()
+                        .or_else(|| descriptor["counter_before"].as_u64())
                         .unwrap_or(after.saturating_sub(hits));
                     let window = now - now % limit.unit.seconds();
                     let counter = format!("{entries:?}@{window}");
@@ -509,8 +518,12 @@ async fn backend_arithmetic() {
                 .await
                 .map_err(|e| context(format!("error {e}")))?;
             check_response(&response, &step["expect"]).map_err(context)?;
-            check_stats(&harness.metrics(), &step["expect"], &format!("{domain}."))
-                .map_err(context)?;
+            check_stats(
+                &harness.metrics(),
+                &step["expect"],
+                &stats_labels(&domain, step),
+            )
+            .map_err(context)?;
         }
         Ok(())
     })
@@ -721,7 +734,29 @@ fn check_response(response: &RateLimitResponse, expect: &Value) -> Result<(), St
     Ok(())
 }
 
-fn check_stats(metrics: &Metrics, expect: &Value, rule_prefix: &str) -> Result<(), String> {
+/// The reference's unit tests name each limit's stats freely (`key_value`); Sluice's
+/// stats key is the rule's (`domain.key_value.subkey_subvalue`). Maps one to the other.
+fn stats_labels(domain: &str, step: &Value) -> HashMap<String, String> {
+    step["descriptors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            let name = d["stats_key"].as_str()?;
+            let path: Vec<String> = entries_of(&d["entries"])
+                .into_iter()
+                .map(|(key, value)| format!("{key}_{value}"))
+                .collect();
+            Some((name.to_owned(), format!("{domain}.{}", path.join("."))))
+        })
+        .collect()
+}
+
+fn check_stats(
+    metrics: &Metrics,
+    expect: &Value,
+    labels: &HashMap<String, String>,
+) -> Result<(), String> {
     let Some(stats) = expect.get("stats").and_then(Value::as_object) else {
         return Ok(());
     };
@@ -729,7 +764,8 @@ fn check_stats(metrics: &Metrics, expect: &Value, rule_prefix: &str) -> Result<(
         if let Some(per_stat) = value.as_object() {
             // backend_arithmetic: {stats_key: {stat: value}} without the domain prefix.
             for (stat, expected) in per_stat {
-                let full = format!("ratelimit.service.rate_limit.{rule_prefix}{name}.{stat}");
+                let rule = labels.get(name).cloned().unwrap_or_else(|| name.clone());
+                let full = format!("ratelimit.service.rate_limit.{rule}.{stat}");
                 let got = metrics.reference_stat(&full);
                 if got != expected.as_f64().unwrap_or(-1.0) {
                     return Err(format!(

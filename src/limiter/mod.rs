@@ -5,16 +5,19 @@
 //! Hot-key layers (blocked-until cache, pre-check, leases) and store failure modes plug
 //! in here, between the rules and the store call.
 
+pub mod blocked;
 pub mod stats;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::algorithm::{Decision, MICROS_PER_SECOND};
+use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
+use crate::clock::Clock;
 use crate::rules::{Entry, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
+use blocked::{Blocked, BlockedCache};
 
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -76,8 +79,12 @@ pub enum LimiterError {
 pub struct LimiterSettings {
     /// Near-limit threshold as a fraction of the limit (`NEAR_LIMIT_RATIO`, 0.8).
     pub near_limit_ratio: f32,
-    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: refused fixed-window hits do not count.
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when one descriptor of a request would
+    /// go over its limit, the request's other descriptors are not charged.
     pub stop_increment_when_over_limit: bool,
+    /// Count blocked-cache refusals under the reference's `over_limit_with_local_cache`
+    /// statistic (the reference has that cache only with `LOCAL_CACHE_SIZE_IN_BYTES`).
+    pub report_local_cache: bool,
 }
 
 impl Default for LimiterSettings {
@@ -85,6 +92,7 @@ impl Default for LimiterSettings {
         Self {
             near_limit_ratio: 0.8,
             stop_increment_when_over_limit: false,
+            report_local_cache: false,
         }
     }
 }
@@ -97,9 +105,13 @@ pub struct Limiter<S> {
     settings: LimiterSettings,
     /// Statistics sink.
     metrics: Arc<Metrics>,
+    /// Keys the store refused, answered locally until they may pass.
+    blocked: BlockedCache,
+    /// The store's clock, for the blocked-until cache.
+    clock: Arc<dyn Clock>,
 }
 
-/// A descriptor waiting for its store decision.
+/// A descriptor waiting for its decision.
 struct Pending<'r> {
     /// Index of the descriptor in the request.
     index: usize,
@@ -107,19 +119,26 @@ struct Pending<'r> {
     rule: Cow<'r, Rule>,
     /// Label under which its statistics are counted.
     stats_label: Arc<str>,
-    /// Units charged.
-    cost: u64,
+    /// Hits the request asks for (statistics count these even when not charged).
+    hits: u64,
 }
 
 // === impl Limiter ===
 
 impl<S: Store> Limiter<S> {
-    /// A limiter over `store`.
-    pub fn new(store: S, settings: LimiterSettings, metrics: Arc<Metrics>) -> Self {
+    /// A limiter over `store`, whose clock is `clock`.
+    pub fn new(
+        store: S,
+        clock: Arc<dyn Clock>,
+        settings: LimiterSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             store,
             settings,
             metrics,
+            blocked: BlockedCache::new(blocked::DEFAULT_CAPACITY),
+            clock,
         }
     }
 
@@ -138,10 +157,11 @@ impl<S: Store> Limiter<S> {
         let mut verdicts = Vec::with_capacity(request.descriptors.len());
         let mut pending = Vec::new();
         let mut checks = Vec::new();
-        let mut replaced: HashSet<&str> = HashSet::new();
-        let request_cost = request.hits_addend.max(1);
+        let mut replaced: HashSet<&'r str> = HashSet::new();
+        let request_hits = request.hits_addend.max(1);
 
         for (index, descriptor) in request.descriptors.iter().enumerate() {
+            verdicts.push(Verdict::NoLimit);
             let matched = match rules.lookup(
                 request.domain,
                 &descriptor.entries,
@@ -149,29 +169,25 @@ impl<S: Store> Limiter<S> {
             ) {
                 Lookup::UnknownDomain => {
                     self.metrics.domain_not_found.inc();
-                    verdicts.push(Verdict::NoLimit);
                     continue;
                 }
-                Lookup::NoMatch => {
-                    verdicts.push(Verdict::NoLimit);
-                    continue;
-                }
+                Lookup::NoMatch => continue,
                 Lookup::Matched(matched) => matched,
             };
-            let cost = descriptor.hits_addend.unwrap_or(request_cost);
+            if matched.rule.unlimited {
+                verdicts[index] = Verdict::Unlimited;
+                continue;
+            }
+            if let Cow::Borrowed(rule) = matched.rule {
+                replaced.extend(rule.replaces.iter().map(|name| &**name));
+            }
             let stats_label = match &matched.stats_key {
                 Cow::Borrowed(key) if *key == &*matched.rule.stats_key => {
                     matched.rule.stats_key.clone()
                 }
                 key => self.metrics.rule_label(key),
             };
-            if matched.rule.unlimited {
-                verdicts.push(Verdict::Unlimited);
-                continue;
-            }
-            if let Cow::Borrowed(rule) = &matched.rule {
-                replaced.extend(rule.replaces.iter().map(|name| &**name));
-            }
+            let hits = descriptor.hits_addend.unwrap_or(request_hits);
             let key = CounterKey::new(request.domain, &descriptor.entries, &matched.share_patterns);
             let limits = matched
                 .rule
@@ -179,39 +195,54 @@ impl<S: Store> Limiter<S> {
                 .iter()
                 .map(|limit| LimitCheck {
                     algorithm: limit.algorithm,
-                    quota: limit.quota(self.settings.stop_increment_when_over_limit),
+                    quota: limit.quota(false),
                 })
                 .collect();
-            checks.push(StoreCheck { key, limits, cost });
+            checks.push(StoreCheck {
+                key,
+                limits,
+                cost: hits,
+            });
             pending.push(Pending {
                 index,
                 rule: matched.rule,
                 stats_label,
-                cost,
+                hits,
             });
-            verdicts.push(Verdict::NoLimit);
         }
 
-        // A named limit listed in another matched rule's `replaces` is not applied.
-        if !replaced.is_empty() {
-            let mut kept = 0;
-            for position in 0..pending.len() {
-                let is_replaced = pending[position]
-                    .rule
-                    .name
-                    .as_deref()
-                    .is_some_and(|name| replaced.contains(name));
-                if !is_replaced {
-                    pending.swap(kept, position);
-                    checks.swap(kept, position);
-                    kept += 1;
-                }
+        // A named limit listed in another matched rule's `replaces` is not applied; then
+        // keys the store refused recently are answered locally.
+        let now = self.clock.now();
+        let mut any_blocked = false;
+        let mut to_store = Vec::with_capacity(pending.len());
+        let mut store_checks = Vec::with_capacity(checks.len());
+        for (item, check) in pending.into_iter().zip(checks) {
+            if item
+                .rule
+                .name
+                .as_deref()
+                .is_some_and(|name| replaced.contains(name))
+            {
+                continue;
             }
-            pending.truncate(kept);
-            checks.truncate(kept);
+            if let Some(blocked) = self.blocked.get(check.key, &check.limits, check.cost, now) {
+                let index = item.index;
+                any_blocked = true;
+                verdicts[index] = self.blocked_verdict(item, &blocked, now);
+                continue;
+            }
+            to_store.push(item);
+            store_checks.push(check);
         }
+        let (pending, mut checks) = (to_store, store_checks);
         if checks.is_empty() {
             return Ok(verdicts);
+        }
+
+        if self.settings.stop_increment_when_over_limit {
+            self.charge_only_if_none_over(&mut checks, any_blocked)
+                .await?;
         }
 
         let mut decisions = Vec::with_capacity(checks.iter().map(|c| c.limits.len()).sum());
@@ -222,17 +253,44 @@ impl<S: Store> Limiter<S> {
             let limit_decisions = &decisions[offset..offset + check.limits.len()];
             offset += check.limits.len();
             let index = item.index;
-            verdicts[index] = self.verdict(item, check, limit_decisions);
+            verdicts[index] = self.verdict(item, check, limit_decisions, now);
         }
         Ok(verdicts)
     }
 
-    /// Builds one descriptor's verdict and records its statistics.
+    /// The reference's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: if any descriptor would
+    /// go over (or `already_over`: one was refused locally), the others are decided
+    /// without being charged.
+    async fn charge_only_if_none_over(
+        &self,
+        checks: &mut [StoreCheck],
+        already_over: bool,
+    ) -> Result<(), LimiterError> {
+        let mut over = Vec::with_capacity(checks.len());
+        let mut decisions = Vec::new();
+        for check in checks.iter() {
+            decisions.clear();
+            self.store.peek(check, &mut decisions).await?;
+            over.push(decisions.iter().any(|d| !d.allowed));
+        }
+        if already_over || over.contains(&true) {
+            for (check, over) in checks.iter_mut().zip(over) {
+                if !over {
+                    check.cost = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds one descriptor's verdict from the store's decisions, records statistics
+    /// and remembers a refusal in the blocked-until cache.
     fn verdict<'r>(
         &self,
         item: Pending<'r>,
         check: &StoreCheck,
         decisions: &[Decision],
+        now: Micros,
     ) -> Verdict<'r> {
         let limit_index = decisions
             .iter()
@@ -248,20 +306,68 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
+        if !decision.allowed {
+            self.blocked.insert(
+                check.key,
+                &check.limits,
+                check.cost,
+                now,
+                limit_index,
+                &decision,
+            );
+        }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
-        let split = stats::split_hits(&decision, limit, item.cost, self.settings.near_limit_ratio);
+        let split = stats::split_hits(&decision, limit, item.hits, self.settings.near_limit_ratio);
         let label = &item.stats_label;
-        self.metrics.add_rule_hits(label, "total_hits", item.cost);
+        self.metrics.add_rule_hits(label, "total_hits", item.hits);
         self.metrics
             .add_rule_hits(label, "within_limit", split.within_limit);
         self.metrics
             .add_rule_hits(label, "near_limit", split.near_limit);
         self.metrics
             .add_rule_hits(label, "over_limit", split.over_limit);
-        let shadow = item.rule.shadow_mode;
-        if shadow && !decision.allowed {
-            self.metrics.add_rule_hits(label, "shadow_mode", item.cost);
+        self.finish(item, limit_index, decision, split.near_limit > 0)
+    }
+
+    /// A verdict answered from the blocked-until cache.
+    fn blocked_verdict<'r>(
+        &self,
+        item: Pending<'r>,
+        blocked: &Blocked,
+        now: Micros,
+    ) -> Verdict<'r> {
+        self.metrics.local_decision("blocked_cache");
+        let label = &item.stats_label;
+        self.metrics.add_rule_hits(label, "total_hits", item.hits);
+        self.metrics.add_rule_hits(label, "over_limit", item.hits);
+        if self.settings.report_local_cache {
+            self.metrics
+                .add_rule_hits(label, "over_limit_with_local_cache", item.hits);
         }
+        self.finish(item, blocked.limit_index, blocked.decision_at(now), false)
+    }
+
+    /// Shadow handling and the per-rule decision count, common to every verdict.
+    fn finish<'r>(
+        &self,
+        item: Pending<'r>,
+        limit_index: usize,
+        decision: Decision,
+        near: bool,
+    ) -> Verdict<'r> {
+        let shadow = item.rule.shadow_mode;
+        let outcome = match (decision.allowed, shadow) {
+            (false, true) => {
+                self.metrics
+                    .add_rule_hits(&item.stats_label, "shadow_mode", item.hits);
+                "shadow_over_limit"
+            }
+            (false, false) => "over_limit",
+            (true, _) if near => "near_limit",
+            (true, _) => "ok",
+        };
+        self.metrics
+            .count_decision(&item.rule.domain, &item.stats_label, outcome);
         Verdict::Limited(Limited {
             rule: item.rule,
             limit_index,

@@ -25,7 +25,7 @@ fn defaults() {
     assert_eq!(settings.grpc_addr.to_string(), "0.0.0.0:8081");
     assert_eq!(settings.http_addr.to_string(), "0.0.0.0:8080");
     assert_eq!(settings.response.header_mode, HeaderMode::None);
-    assert!((settings.near_limit_ratio - 0.8).abs() < f32::EPSILON);
+    assert!((settings.limiter.near_limit_ratio - 0.8).abs() < f32::EPSILON);
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn reference_variables_map_and_flags_win() {
     assert!(settings.response.global_shadow_mode);
     assert_eq!(settings.response.header_mode, HeaderMode::Reference);
     assert_eq!(settings.response.limit_header, "X-Limit");
-    assert!((settings.near_limit_ratio - 0.5).abs() < f32::EPSILON);
+    assert!((settings.limiter.near_limit_ratio - 0.5).abs() < f32::EPSILON);
     assert_eq!(settings.ignored_env, vec!["USE_STATSD".to_owned()]);
 
     let flags = resolve(

@@ -1,0 +1,212 @@
+//! The blocked-until cache (DESIGN §6, layer 1): after the store refuses a key, the key
+//! is refused locally until the store said it could pass again.
+//!
+//! Sound by construction: an entry remembers the refused cost and the instant the store
+//! named (`now + retry_after`). Before that instant, no request of at least that cost
+//! can pass, because capacity only returns with time and other instances only use it
+//! up. Smaller costs, and anything after the instant, go to the store. An entry is tied
+//! to the limits' numbers, so an edited rule never reads a stale block.
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use moka::sync::Cache;
+use moka::Expiry;
+
+use crate::algorithm::{Decision, Micros};
+use crate::store::{CounterKey, LimitCheck};
+
+/// Default number of keys the cache holds.
+pub const DEFAULT_CAPACITY: u64 = 100_000;
+
+/// Identity of a blocked check: its counters and the limits it was decided under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct BlockKey {
+    /// The descriptor's counter key.
+    counter: CounterKey,
+    /// Hash of the limits (algorithm and numbers).
+    limits: u64,
+}
+
+/// What the store said when it refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// Until this instant, requests of at least `cost` are refused.
+    pub until: Micros,
+    /// The refused cost.
+    pub cost: u64,
+    /// When the refusing limit is whole again.
+    pub reset_at: Micros,
+    /// Which limit refused.
+    pub limit_index: usize,
+    /// Real-time lifetime of the entry (for eviction only; decisions use `until`).
+    ttl: Duration,
+}
+
+impl Blocked {
+    /// The refusal to answer at `now`.
+    pub fn decision_at(&self, now: Micros) -> Decision {
+        Decision {
+            allowed: false,
+            remaining: 0,
+            reset_after: self.reset_at.saturating_sub(now),
+            retry_after: self.until.saturating_sub(now),
+            used: 0,
+        }
+    }
+}
+
+/// Expires each entry when its block ends.
+struct UntilBlockEnds;
+
+impl Expiry<BlockKey, Blocked> for UntilBlockEnds {
+    fn expire_after_create(
+        &self,
+        _key: &BlockKey,
+        value: &Blocked,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &BlockKey,
+        value: &Blocked,
+        _updated_at: std::time::Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+}
+
+/// Bounded map of keys the store has refused.
+pub struct BlockedCache {
+    /// Entries expire when their block ends; the least useful go first when full.
+    cache: Cache<BlockKey, Blocked>,
+}
+
+impl BlockedCache {
+    /// A cache holding at most `capacity` keys.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            cache: Cache::builder()
+                .max_capacity(capacity)
+                .expire_after(UntilBlockEnds)
+                .build(),
+        }
+    }
+
+    /// The standing block for a check of `cost` at `now`, if any.
+    pub fn get(
+        &self,
+        counter: CounterKey,
+        limits: &[LimitCheck],
+        cost: u64,
+        now: Micros,
+    ) -> Option<Blocked> {
+        let blocked = self.cache.get(&key(counter, limits))?;
+        (now < blocked.until && cost >= blocked.cost).then_some(blocked)
+    }
+
+    /// Remembers that the store refused `cost` at `now` with `decision` from limit
+    /// `limit_index`. A refusal that may pass at once is not remembered.
+    pub fn insert(
+        &self,
+        counter: CounterKey,
+        limits: &[LimitCheck],
+        cost: u64,
+        now: Micros,
+        limit_index: usize,
+        decision: &Decision,
+    ) {
+        if decision.allowed || decision.retry_after == 0 {
+            return;
+        }
+        self.cache.insert(
+            key(counter, limits),
+            Blocked {
+                until: now.saturating_add(decision.retry_after),
+                cost,
+                reset_at: now.saturating_add(decision.reset_after),
+                limit_index,
+                ttl: Duration::from_micros(decision.retry_after),
+            },
+        );
+    }
+}
+
+fn key(counter: CounterKey, limits: &[LimitCheck]) -> BlockKey {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for limit in limits {
+        limit.algorithm.hash(&mut hasher);
+        limit.quota.hash(&mut hasher);
+    }
+    BlockKey {
+        counter,
+        limits: hasher.finish(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{AlgorithmKind, Quota};
+
+    fn limits(limit: u64) -> Vec<LimitCheck> {
+        vec![LimitCheck {
+            algorithm: AlgorithmKind::TokenBucket,
+            quota: Quota {
+                limit,
+                period: 1_000_000,
+                burst: limit,
+                stop_increment_when_over_limit: false,
+            },
+        }]
+    }
+
+    fn refused(retry_after: Micros) -> Decision {
+        Decision {
+            allowed: false,
+            remaining: 0,
+            reset_after: retry_after * 2,
+            retry_after,
+            used: 0,
+        }
+    }
+
+    #[test]
+    fn blocks_equal_or_larger_costs_until_retry_time() {
+        let cache = BlockedCache::new(10);
+        let key = CounterKey(7);
+        cache.insert(key, &limits(5), 2, 1_000, 0, &refused(500));
+        assert!(cache.get(key, &limits(5), 2, 1_200).is_some());
+        assert!(cache.get(key, &limits(5), 3, 1_499).is_some());
+        assert!(
+            cache.get(key, &limits(5), 1, 1_200).is_none(),
+            "smaller cost asks the store"
+        );
+        assert!(
+            cache.get(key, &limits(5), 2, 1_500).is_none(),
+            "block ends at retry time"
+        );
+        assert!(
+            cache.get(key, &limits(6), 2, 1_200).is_none(),
+            "edited limit misses"
+        );
+        let decision = cache
+            .get(key, &limits(5), 2, 1_200)
+            .map(|b| b.decision_at(1_200));
+        assert_eq!(
+            decision.map(|d| (d.retry_after, d.reset_after)),
+            Some((300, 800))
+        );
+    }
+
+    #[test]
+    fn allowed_or_immediately_retriable_is_not_cached() {
+        let cache = BlockedCache::new(10);
+        cache.insert(CounterKey(1), &limits(5), 1, 0, 0, &refused(0));
+        assert!(cache.get(CounterKey(1), &limits(5), 1, 0).is_none());
+    }
+}

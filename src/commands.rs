@@ -1,9 +1,14 @@
-//! Bodies of the command-line tools that are not the server (`sluice check`).
+//! Bodies of the command-line tools that are not the server (`sluice check`,
+//! `sluice explain`).
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::rules::{read_config_path, LoadOptions, Rule, Rules};
+use crate::limiter::explain::{explain as explain_request, Explanation};
+use crate::limiter::{CheckRequest, Descriptor};
+use crate::rules::{read_config_path, Entry, LoadOptions, Rule, Rules};
+use crate::settings::ExplainArgs;
+use crate::store::memory::MemoryStore;
 
 /// Validates the rules at `paths` exactly as `serve` loads them. Prints one line per
 /// compiled rule to `out`, or every error to `err`; returns whether all were valid.
@@ -81,4 +86,123 @@ pub fn describe(rule: &Rule) -> String {
         }
     }
     line
+}
+
+/// `sluice explain`: loads the rules and prints, per descriptor, the rule that applies
+/// and why. Returns false (after printing the errors) when the rules do not load or a
+/// descriptor cannot be parsed.
+pub fn explain(
+    args: &ExplainArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<bool> {
+    let options = LoadOptions {
+        merge_domains: args.merge_domains.unwrap_or(false),
+    };
+    let rules = match read_config_path(&args.config)
+        .map_err(|error| vec![error])
+        .and_then(|files| Rules::compile(&files, &options))
+    {
+        Ok(rules) => rules,
+        Err(errors) => {
+            for error in &errors {
+                writeln!(err, "{error}")?;
+            }
+            return Ok(false);
+        }
+    };
+    let mut parsed = Vec::with_capacity(args.descriptors.len());
+    for text in &args.descriptors {
+        match parse_descriptor(text) {
+            Ok(entries) => parsed.push(entries),
+            Err(reason) => {
+                writeln!(err, "descriptor {text:?}: {reason}")?;
+                return Ok(false);
+            }
+        }
+    }
+    let request = CheckRequest {
+        domain: &args.domain,
+        descriptors: parsed
+            .iter()
+            .map(|entries| Descriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry { key, value })
+                    .collect(),
+                limit_override: None,
+                hits_addend: None,
+            })
+            .collect(),
+        hits_addend: u64::from(args.hits_addend),
+    };
+    let explanations =
+        futures::executor::block_on(explain_request::<MemoryStore>(&rules, &request, None))
+            .unwrap_or_default();
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&explanations).unwrap_or_default()
+        )?;
+    } else {
+        for explanation in &explanations {
+            write_explanation(out, &args.domain, explanation)?;
+        }
+    }
+    Ok(true)
+}
+
+/// Parses `key=value,key2=value2`.
+fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
+    text.split(',')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+            _ => Err(format!("{pair:?} is not key=value")),
+        })
+        .collect()
+}
+
+fn write_explanation(
+    out: &mut dyn Write,
+    domain: &str,
+    explanation: &Explanation,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "descriptor {} (domain {domain}):",
+        explanation.entries.join(", ")
+    )?;
+    for (entry, how) in explanation.entries.iter().zip(&explanation.matched_by) {
+        writeln!(out, "  {entry}: {how}")?;
+    }
+    match &explanation.rule {
+        None => writeln!(out, "  => {}: no limit applies", explanation.outcome)?,
+        Some(rule) => {
+            writeln!(
+                out,
+                "  => {} by {} ({})",
+                explanation.outcome, rule.stats_key, rule.config_path
+            )?;
+            for limit in &rule.limits {
+                write!(
+                    out,
+                    "     {}/{} {}",
+                    limit.requests_per_unit, limit.unit, limit.algorithm
+                )?;
+                if let Some(burst) = limit.burst {
+                    write!(out, " burst={burst}")?;
+                }
+                writeln!(out, " failure_mode={}", limit.failure_mode)?;
+            }
+            if let Some(key) = &explanation.counter_key {
+                writeln!(
+                    out,
+                    "     counter key sluice:{{{key}}}, cost {}",
+                    explanation.cost
+                )?;
+            }
+        }
+    }
+    Ok(())
 }

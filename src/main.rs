@@ -22,12 +22,21 @@ fn main() -> anyhow::Result<ExitCode> {
                 &mut std::io::stdout(),
                 &mut std::io::stderr(),
             )?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(exit_code(ok))
         }
+        Command::Explain(args) => {
+            let ok =
+                sluice::commands::explain(&args, &mut std::io::stdout(), &mut std::io::stderr())?;
+            Ok(exit_code(ok))
+        }
+    }
+}
+
+fn exit_code(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

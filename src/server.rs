@@ -167,6 +167,7 @@ async fn serve<S: Store>(
         service: service.clone(),
         metrics: metrics.clone(),
         lifecycle: lifecycle.clone(),
+        debug_endpoints: settings.debug_endpoints,
     });
     let http = axum::serve(listeners.http, admin::router(admin_state))
         .with_graceful_shutdown(wait_for(stop_rx.clone()));

@@ -31,6 +31,32 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Validate rule files exactly as `serve` would; print each rule or each error.
     Check(CheckArgs),
+    /// Show which rule each descriptor matches and why, without touching any counter.
+    Explain(ExplainArgs),
+}
+
+/// Flags of `sluice explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Rules file or directory.
+    #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
+    pub config: PathBuf,
+    /// Request domain.
+    #[arg(long)]
+    pub domain: String,
+    /// One descriptor as `key=value,key2=value2` (repeat for several; a value may
+    /// contain `=` but not `,`).
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+    /// Request-level hits addend.
+    #[arg(long, default_value_t = 0)]
+    pub hits_addend: u32,
+    /// Merge files of the same domain (the reference's MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
+    pub merge_domains: Option<bool>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Flags of `sluice check`.
@@ -102,6 +128,9 @@ pub struct ServeArgs {
     /// After SIGTERM: longest wait for in-flight calls.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
+    /// Serve `POST /explain` and `/debug/*`, which show descriptor values (user ids, IPs).
+    #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
+    pub debug_endpoints: bool,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
     pub max_descriptors: usize,
@@ -159,6 +188,8 @@ pub struct Settings {
     pub drain_delay: Duration,
     /// Longest drain.
     pub drain_timeout: Duration,
+    /// Serve the endpoints that reveal descriptor values.
+    pub debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
 }
@@ -341,6 +372,7 @@ impl Settings {
             reload_interval: args.reload_interval,
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
+            debug_endpoints: args.debug_endpoints,
             ignored_env,
         })
     }

@@ -26,11 +26,17 @@ pub struct AdminState<S> {
     pub metrics: Arc<Metrics>,
     /// Readiness and drain state.
     pub lifecycle: Arc<Lifecycle>,
+    /// Serve `POST /explain` (it reveals descriptor values).
+    pub debug_endpoints: bool,
 }
 
 /// The admin router.
 pub fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    if state.debug_endpoints {
+        router = router.route("/explain", post(explain::<S>));
+    }
+    router
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/readyz", get(readyz::<S>))
         .route("/livez", get(|| async { "OK" }))
@@ -147,5 +153,22 @@ async fn json_check<S: Store>(State(state): State<Arc<AdminState<S>>>, body: Byt
             let body = json::response_to_json(&response).to_string();
             (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
+    }
+}
+
+/// `POST /explain`: same body as `/json`; per descriptor the rule, why it matched, its
+/// counter key and what the store would decide now. Charges nothing.
+async fn explain<S: Store>(State(state): State<Arc<AdminState<S>>>, body: Bytes) -> Response {
+    let Ok(request) = json::parse_request(&body) else {
+        return plain(StatusCode::BAD_REQUEST);
+    };
+    match state.service.explain(&request).await {
+        Ok(explanations) => axum::Json(explanations).into_response(),
+        Err(error) => (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("{error}\n"),
+        )
+            .into_response(),
     }
 }

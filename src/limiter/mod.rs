@@ -6,6 +6,7 @@
 //! in here, between the rules and the store call.
 
 pub mod blocked;
+pub mod explain;
 pub mod stats;
 
 use std::borrow::Cow;

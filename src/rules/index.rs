@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Entry, Matched, Rule};
+use super::{Entry, MatchStep, Matched, Rule};
 
 /// One level of a domain's tree.
 #[derive(Debug, Default)]
@@ -97,6 +97,26 @@ impl Level {
             level = &node.children;
         }
         None
+    }
+
+    /// How each request entry matched, level by level (`NoMatch` from where the walk
+    /// stopped on).
+    pub fn trace(&self, entries: &[Entry<'_>]) -> Vec<MatchStep> {
+        let mut steps = Vec::with_capacity(entries.len());
+        let mut level = Some(self);
+        for entry in entries {
+            let found = level.and_then(|level| level.find(entry));
+            steps.push(match found {
+                Some((_, How::Exact)) => MatchStep::Exact,
+                Some((node, How::Wildcard)) => MatchStep::Wildcard(node.value.to_string()),
+                Some((_, How::KeyOnly)) => MatchStep::KeyOnly,
+                None => MatchStep::NoMatch,
+            });
+            level = found
+                .map(|(node, _)| &node.children)
+                .filter(|children| !children.keys.is_empty());
+        }
+        steps
     }
 
     /// Matches a descriptor against this (root) level of `domain`.

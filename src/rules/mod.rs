@@ -109,6 +109,12 @@ impl Rules {
         }
     }
 
+    /// How each entry of a descriptor matched the config tree of `domain`, level by
+    /// level; `None` for an unknown domain. For humans (`explain`), not the hot path.
+    pub fn trace(&self, domain: &str, entries: &[Entry<'_>]) -> Option<Vec<MatchStep>> {
+        self.domains.get(domain).map(|root| root.trace(entries))
+    }
+
     /// Whether `domain` has a config file.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)

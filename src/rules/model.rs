@@ -182,3 +182,27 @@ pub struct Matched<'r> {
     /// entry shares.
     pub share_patterns: Vec<Option<&'r str>>,
 }
+
+/// How one request entry matched a level of the config tree (for `explain`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MatchStep {
+    /// The entry's value equals a configured value.
+    Exact,
+    /// The entry's value matched this wildcard pattern.
+    Wildcard(String),
+    /// Only the key matched (a descriptor configured without a value).
+    KeyOnly,
+    /// Nothing at this level matched (or an earlier level did not).
+    NoMatch,
+}
+
+impl std::fmt::Display for MatchStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exact => f.write_str("exact value"),
+            Self::Wildcard(pattern) => write!(f, "wildcard {pattern:?}"),
+            Self::KeyOnly => f.write_str("key only"),
+            Self::NoMatch => f.write_str("no match"),
+        }
+    }
+}

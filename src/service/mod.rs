@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
+use crate::limiter::explain::Explanation;
 use crate::limiter::{Limiter, LimiterError};
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -79,6 +80,19 @@ impl<S: Store> Service<S> {
             self.metrics.call_error(error.stat());
         }
         result
+    }
+
+    /// Explains `request` (which rule, why, what the store would decide), charging nothing.
+    pub async fn explain(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<Vec<Explanation>, ServiceError> {
+        let check = request::to_check_request(request, &self.bounds)?;
+        let rule_set = self.rules.current().ok_or(ServiceError::NoRules)?;
+        self.limiter
+            .explain(&rule_set.rules, &check)
+            .await
+            .map_err(ServiceError::Store)
     }
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {

@@ -1,0 +1,206 @@
+//! `explain`: what the limiter would do with a request, and why, without charging
+//! anything. Used by `sluice explain` (no store) and `POST /explain` (current state
+//! read from the store with `peek`).
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use crate::algorithm::Decision;
+use crate::limiter::{CheckRequest, Limiter};
+use crate::rules::{Lookup, Rules};
+use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
+
+/// What applies to one descriptor, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Explanation {
+    /// The descriptor's entries as `key=value`.
+    pub entries: Vec<String>,
+    /// Per entry, how it matched the config tree (`exact value`, `wildcard "a*"`,
+    /// `key only`, `no match`).
+    pub matched_by: Vec<String>,
+    /// `unknown_domain`, `no_match`, `unlimited`, `replaced` or `limited`.
+    pub outcome: &'static str,
+    /// The rule that applies, if any.
+    pub rule: Option<RuleView>,
+    /// Hex digest naming the descriptor's counters (`sluice:{<digest>}:<limit>` in Redis).
+    pub counter_key: Option<String>,
+    /// Units a request would cost.
+    pub cost: u64,
+    /// Per limit, what the store would decide now (only when a store was asked).
+    pub would_decide: Vec<DecisionView>,
+}
+
+/// A rule, for humans.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RuleView {
+    /// The reference's stats key (`domain.key_value`).
+    pub stats_key: String,
+    /// Where it is configured (`file.yaml: descriptors[0]`).
+    pub config_path: String,
+    /// The limit's name, if any.
+    pub name: Option<String>,
+    /// Shadow rule: never refuses.
+    pub shadow_mode: bool,
+    /// Quota rule.
+    pub quota_mode: bool,
+    /// The limits, checked all-or-nothing.
+    pub limits: Vec<LimitView>,
+}
+
+/// One limit, for humans.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LimitView {
+    /// Units per `unit`.
+    pub requests_per_unit: u32,
+    /// `second` … `year`.
+    pub unit: String,
+    /// Algorithm name.
+    pub algorithm: &'static str,
+    /// Capacity (token bucket, GCRA).
+    pub burst: Option<u32>,
+    /// Store failure mode.
+    pub failure_mode: String,
+}
+
+/// One decision, for humans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DecisionView {
+    /// Would the request pass this limit.
+    pub allowed: bool,
+    /// Units left after it.
+    pub remaining: u64,
+    /// Milliseconds until the limit is whole again.
+    pub reset_after_ms: u64,
+    /// Milliseconds until a request of this cost would pass.
+    pub retry_after_ms: u64,
+}
+
+impl From<Decision> for DecisionView {
+    fn from(decision: Decision) -> Self {
+        Self {
+            allowed: decision.allowed,
+            remaining: decision.remaining,
+            reset_after_ms: decision.reset_after.div_ceil(1_000),
+            retry_after_ms: decision.retry_after.div_ceil(1_000),
+        }
+    }
+}
+
+/// Explains `request` under `rules`; asks `store` what it would decide when given.
+pub async fn explain<S: Store>(
+    rules: &Rules,
+    request: &CheckRequest<'_>,
+    store: Option<&S>,
+) -> Result<Vec<Explanation>, StoreError> {
+    let mut replaced: HashSet<String> = HashSet::new();
+    let mut matches = Vec::with_capacity(request.descriptors.len());
+    for descriptor in &request.descriptors {
+        let lookup = rules.lookup(
+            request.domain,
+            &descriptor.entries,
+            descriptor.limit_override,
+        );
+        if let Lookup::Matched(matched) = &lookup {
+            replaced.extend(matched.rule.replaces.iter().map(|name| name.to_string()));
+        }
+        matches.push(lookup);
+    }
+    let request_cost = request.hits_addend.max(1);
+    let mut out = Vec::with_capacity(matches.len());
+    for (descriptor, lookup) in request.descriptors.iter().zip(matches) {
+        let matched_by = rules
+            .trace(request.domain, &descriptor.entries)
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let mut explanation = Explanation {
+            entries: descriptor
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect(),
+            matched_by,
+            outcome: "no_match",
+            rule: None,
+            counter_key: None,
+            cost: descriptor.hits_addend.unwrap_or(request_cost),
+            would_decide: Vec::new(),
+        };
+        let matched = match lookup {
+            Lookup::UnknownDomain => {
+                explanation.outcome = "unknown_domain";
+                out.push(explanation);
+                continue;
+            }
+            Lookup::NoMatch => {
+                out.push(explanation);
+                continue;
+            }
+            Lookup::Matched(matched) => matched,
+        };
+        let rule = &matched.rule;
+        explanation.rule = Some(RuleView {
+            stats_key: matched.stats_key.to_string(),
+            config_path: rule.config_path.to_string(),
+            name: rule.name.as_deref().map(str::to_owned),
+            shadow_mode: rule.shadow_mode,
+            quota_mode: rule.quota_mode,
+            limits: rule
+                .limits
+                .iter()
+                .map(|limit| LimitView {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: limit.unit.as_upper_str().to_ascii_lowercase(),
+                    algorithm: limit.algorithm.as_str(),
+                    burst: limit.burst,
+                    failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
+                })
+                .collect(),
+        });
+        if rule.unlimited {
+            explanation.outcome = "unlimited";
+        } else if rule
+            .name
+            .as_deref()
+            .is_some_and(|name| replaced.contains(name))
+        {
+            explanation.outcome = "replaced";
+        } else {
+            explanation.outcome = "limited";
+            let key = CounterKey::new(request.domain, &descriptor.entries, &matched.share_patterns);
+            explanation.counter_key = Some(key.hex());
+            if let Some(store) = store {
+                let check = StoreCheck {
+                    key,
+                    limits: rule
+                        .limits
+                        .iter()
+                        .map(|limit| LimitCheck {
+                            algorithm: limit.algorithm,
+                            quota: limit.quota(false),
+                        })
+                        .collect(),
+                    cost: explanation.cost,
+                };
+                let mut decisions = Vec::new();
+                store.peek(&check, &mut decisions).await?;
+                explanation.would_decide = decisions.into_iter().map(DecisionView::from).collect();
+            }
+        }
+        out.push(explanation);
+    }
+    Ok(out)
+}
+
+impl<S: Store> Limiter<S> {
+    /// Explains `request` against this limiter's store, charging nothing.
+    pub async fn explain(
+        &self,
+        rules: &Rules,
+        request: &CheckRequest<'_>,
+    ) -> Result<Vec<Explanation>, StoreError> {
+        explain(rules, request, Some(&self.store)).await
+    }
+}

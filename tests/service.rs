@@ -1,0 +1,349 @@
+//! The service as Envoy sees it: a real server on loopback, gRPC calls, answers checked
+//! field by field. Request bounds, algorithms per rule, headers, health and `/explain`.
+
+mod support;
+
+use std::time::Duration;
+
+use sluice::proto::common::rate_limit_descriptor::Entry;
+use sluice::proto::common::RateLimitDescriptor;
+use sluice::proto::rls::rate_limit_response::Code;
+use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
+use support::TestServer;
+use tonic::Code as GrpcCode;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 5}
+  - key: gcra
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra, burst: 3}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 2}
+      - {unit: day, requests_per_unit: 3}
+"#;
+
+fn request(entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".into(),
+        descriptors: vec![descriptor(entries)],
+        hits_addend: 0,
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).into(),
+                value: (*value).into(),
+            })
+            .collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+async fn start() -> TestServer {
+    TestServer::start(
+        &[("rules.yaml".into(), RULES.into())],
+        &[],
+        &["--response-headers", "all"],
+    )
+    .await
+}
+
+async fn call(
+    server: &TestServer,
+    request: RateLimitRequest,
+) -> Result<RateLimitResponse, tonic::Status> {
+    server
+        .client()
+        .await
+        .should_rate_limit(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+fn codes(responses: &[RateLimitResponse]) -> Vec<i32> {
+    responses.iter().map(|r| r.overall_code).collect()
+}
+
+async fn sequence(server: &TestServer, key: &str, calls: usize) -> Vec<RateLimitResponse> {
+    let mut out = Vec::new();
+    for _ in 0..calls {
+        out.push(
+            call(server, request(&[(key, "user-1")]))
+                .await
+                .expect("call answered"),
+        );
+    }
+    out
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_burst_then_refill() {
+    let server = start().await;
+    let responses = sequence(&server, "bucket", 6).await;
+    assert_eq!(codes(&responses), vec![OK, OK, OK, OK, OK, OVER]);
+    let refused = &responses[5];
+    assert_eq!(header(refused, "Retry-After"), Some("1"));
+    assert_eq!(
+        header(refused, "RateLimit-Policy"),
+        Some("\"api.bucket\";q=1;w=1")
+    );
+    assert!(header(refused, "RateLimit").is_some_and(|v| v.starts_with("\"api.bucket\";r=0;t=")));
+    assert_eq!(header(&responses[0], "RateLimit-Remaining"), Some("4"));
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    assert_eq!(codes(&sequence(&server, "bucket", 2).await), vec![OK, OVER]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_spaces_requests_after_the_burst() {
+    let server = start().await;
+    let responses = sequence(&server, "gcra", 4).await;
+    assert_eq!(codes(&responses), vec![OK, OK, OK, OVER]);
+    assert_eq!(header(&responses[3], "Retry-After"), Some("1"));
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    assert_eq!(codes(&sequence(&server, "gcra", 2).await), vec![OK, OVER]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_algorithms_refuse_the_fourth_call() {
+    let server = start().await;
+    for key in ["fixed", "sliding", "log"] {
+        let responses = sequence(&server, key, 4).await;
+        assert_eq!(codes(&responses), vec![OK, OK, OK, OVER], "{key}");
+        let retry: u64 = header(&responses[3], "Retry-After")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!((1..=60).contains(&retry), "{key}: Retry-After {retry}");
+        let status = &responses[3].statuses[0];
+        assert_eq!(status.limit_remaining, 0, "{key}");
+        assert_eq!(
+            status.current_limit.as_ref().map(|l| l.requests_per_unit),
+            Some(3),
+            "{key}"
+        );
+        assert_eq!(responses[1].statuses[0].limit_remaining, 1, "{key}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_are_all_or_nothing() {
+    let server = start().await;
+    // token bucket 2 burst, and 3 per day: the bucket refuses the third call without
+    // charging the daily limit; the daily limit then refuses the fourth passing call.
+    let first = sequence(&server, "multi", 3).await;
+    assert_eq!(codes(&first), vec![OK, OK, OVER]);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let second = sequence(&server, "multi", 2).await;
+    assert_eq!(codes(&second), vec![OK, OVER]);
+    let limit = second[1].statuses[0]
+        .current_limit
+        .clone()
+        .expect("limit reported");
+    assert_eq!(
+        limit.requests_per_unit, 3,
+        "the daily limit refuses: {limit:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bounds_are_enforced_at_the_boundary() {
+    let server = start().await;
+    let mut ok = request(&[("fixed", "x")]);
+    ok.descriptors = (0..64)
+        .map(|i| descriptor(&[("none", &i.to_string())]))
+        .collect();
+    assert!(
+        call(&server, ok.clone()).await.is_ok(),
+        "64 descriptors pass"
+    );
+    ok.descriptors.push(descriptor(&[("none", "65")]));
+    let error = call(&server, ok).await.expect_err("65 descriptors refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+    assert!(
+        error.message().contains("65 descriptors"),
+        "{}",
+        error.message()
+    );
+
+    let entries: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+    let borrowed: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert!(
+        call(&server, request(&borrowed[..32])).await.is_ok(),
+        "32 entries pass"
+    );
+    let error = call(&server, request(&borrowed))
+        .await
+        .expect_err("33 entries refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+
+    let long = "v".repeat(1024);
+    assert!(
+        call(&server, request(&[("k", &long)])).await.is_ok(),
+        "1024-byte value passes"
+    );
+    let longer = "v".repeat(1025);
+    let error = call(&server, request(&[("k", &longer)]))
+        .await
+        .expect_err("1025 bytes refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+    let error = call(&server, request(&[(&longer, "v")]))
+        .await
+        .expect_err("1025-byte key refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+
+    let mut empty_domain = request(&[("fixed", "x")]);
+    empty_domain.domain.clear();
+    let error = call(&server, empty_domain)
+        .await
+        .expect_err("empty domain refused");
+    assert_eq!(error.message(), "rate limit domain must not be empty");
+    let mut no_descriptors = request(&[]);
+    no_descriptors.descriptors.clear();
+    let error = call(&server, no_descriptors)
+        .await
+        .expect_err("no descriptors refused");
+    assert_eq!(
+        error.message(),
+        "rate limit descriptor list must not be empty"
+    );
+
+    let mut huge_addend = request(&[("fixed", "addend")]);
+    huge_addend.descriptors[0].hits_addend = Some(u64::MAX);
+    let response = call(&server, huge_addend)
+        .await
+        .expect("u64::MAX addend answered");
+    assert_eq!(response.overall_code, OVER);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_without_entries_is_ok_with_no_limit() {
+    let server = start().await;
+    let response = call(&server, request(&[])).await.expect("answered");
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(response.statuses.len(), 1);
+    assert!(response.statuses[0].current_limit.is_none());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_endpoint_needs_the_debug_flag_and_charges_nothing() {
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"fixed","value":"e"}]}]}"#;
+    let closed = start().await;
+    let response = reqwest::Client::new()
+        .post(closed.url("/explain"))
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status().as_u16(), 404);
+    closed.stop().await;
+
+    let server = TestServer::start(
+        &[("rules.yaml".into(), RULES.into())],
+        &[],
+        &["--debug-endpoints"],
+    )
+    .await;
+    for _ in 0..5 {
+        let response = reqwest::Client::new()
+            .post(server.url("/explain"))
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(response.status().as_u16(), 200);
+        let explained: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(explained[0]["outcome"], "limited");
+        assert_eq!(explained[0]["would_decide"][0]["allowed"], true);
+        assert_eq!(
+            explained[0]["would_decide"][0]["remaining"], 2,
+            "explain never charges"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_rule_loading() {
+    let server = TestServer::start(&[("rules.yaml".into(), "domain: [".into())], &[], &[]).await;
+    let status = reqwest::get(server.url("/healthcheck"))
+        .await
+        .expect("get")
+        .status()
+        .as_u16();
+    assert_eq!(status, 500, "no rules loaded yet");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let check = |service: &str| tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let answer = health
+        .check(check("ratelimit"))
+        .await
+        .expect("health")
+        .into_inner();
+    assert_ne!(answer.status, serving);
+    let error = call(&server, request(&[("fixed", "x")]))
+        .await
+        .expect_err("no rules");
+    assert_eq!(error.code(), GrpcCode::Unavailable);
+    assert_eq!(error.message(), "no rate limit configuration loaded");
+
+    server.write_config("rules.yaml", RULES);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = reqwest::get(server.url("/healthcheck")).await.expect("get");
+        if status.status().as_u16() == 200 {
+            assert_eq!(status.text().await.expect("body"), "OK");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "rules never loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for name in ["", "ratelimit"] {
+        let answer = health
+            .check(check(name))
+            .await
+            .expect("health")
+            .into_inner();
+        assert_eq!(answer.status, serving, "service {name:?}");
+    }
+    server.stop().await;
+}

@@ -86,6 +86,9 @@ pub struct ServeArgs {
     /// Counter store.
     #[arg(long, env = "SLUICE_STORE", value_enum, default_value_t = StoreKind::Memory)]
     pub store: StoreKind,
+    /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
+    #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
+    pub replicas: u32,
     /// Most limit states the memory store holds before evicting.
     #[arg(long, env = "SLUICE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub memory_max_keys: usize,
@@ -362,6 +365,7 @@ impl Settings {
                 )?,
                 report_local_cache: env("LOCAL_CACHE_SIZE_IN_BYTES")
                     .is_some_and(|size| size.trim().parse::<u64>().is_ok_and(|n| n > 0)),
+                replicas: args.replicas.max(1),
             },
             bounds: RequestBounds {
                 max_descriptors: args.max_descriptors,

@@ -48,6 +48,15 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// Labels of a failure-mode decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// The reference's stats key of the rule.
+    pub rule: Arc<str>,
+    /// `open`, `closed`, `local` or `error`.
+    pub mode: &'static str,
+}
+
 /// A local decision layer label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LayerLabel {
@@ -86,6 +95,10 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
+    /// Store failures by kind.
+    pub store_errors: Family<KindLabel, Counter>,
+    /// Checks answered by a rule's failure mode because the store failed.
+    pub store_fallbacks: Family<FallbackLabels, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
 }
@@ -154,6 +167,18 @@ impl Metrics {
             "Decisions made without the store, per local layer",
             local_decisions.clone(),
         );
+        let store_errors = Family::default();
+        registry.register(
+            "store_errors",
+            "Store failures by kind",
+            store_errors.clone(),
+        );
+        let store_fallbacks = Family::default();
+        registry.register(
+            "store_fallback",
+            "Checks answered by the rule's failure mode because the store failed",
+            store_fallbacks.clone(),
+        );
         Self {
             registry,
             rule_hits,
@@ -166,6 +191,8 @@ impl Metrics {
             config_rules,
             memory_evictions,
             local_decisions,
+            store_errors,
+            store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
         }
     }
@@ -214,6 +241,20 @@ impl Metrics {
             decision,
         };
         self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Counts one store failure.
+    pub fn store_error(&self, kind: &'static str) {
+        self.store_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts one check answered by a failure mode.
+    pub fn store_fallback(&self, rule: &Arc<str>, mode: &'static str) {
+        let labels = FallbackLabels {
+            rule: rule.clone(),
+            mode,
+        };
+        self.store_fallbacks.get_or_create(&labels).inc();
     }
 
     /// Counts one failed call.

@@ -7,6 +7,7 @@
 
 pub mod blocked;
 pub mod explain;
+pub mod fallback;
 pub mod stats;
 
 use std::borrow::Cow;
@@ -15,10 +16,11 @@ use std::sync::Arc;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
-use crate::rules::{Entry, LimitOverride, Lookup, Rule, Rules};
+use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
 use blocked::{Blocked, BlockedCache};
+use fallback::Fallback;
 
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -70,7 +72,7 @@ pub struct Limited<'r> {
 /// Why a request could not be decided.
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
-    /// The store failed and a rule's failure mode is `error`.
+    /// The store failed and a matched rule's failure mode is `error`.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -86,6 +88,9 @@ pub struct LimiterSettings {
     /// Count blocked-cache refusals under the reference's `over_limit_with_local_cache`
     /// statistic (the reference has that cache only with `LOCAL_CACHE_SIZE_IN_BYTES`).
     pub report_local_cache: bool,
+    /// Sluice instances sharing the store; the `local` failure mode enforces
+    /// `limit / replicas`.
+    pub replicas: u32,
 }
 
 impl Default for LimiterSettings {
@@ -94,6 +99,7 @@ impl Default for LimiterSettings {
             near_limit_ratio: 0.8,
             stop_increment_when_over_limit: false,
             report_local_cache: false,
+            replicas: 1,
         }
     }
 }
@@ -110,6 +116,8 @@ pub struct Limiter<S> {
     blocked: BlockedCache,
     /// The store's clock, for the blocked-until cache.
     clock: Arc<dyn Clock>,
+    /// Answers checks by failure mode when the store cannot.
+    fallback: Fallback,
 }
 
 /// A descriptor waiting for its decision.
@@ -139,6 +147,7 @@ impl<S: Store> Limiter<S> {
             settings,
             metrics,
             blocked: BlockedCache::new(blocked::DEFAULT_CAPACITY),
+            fallback: Fallback::new(settings.replicas, clock.clone()),
             clock,
         }
     }
@@ -247,7 +256,19 @@ impl<S: Store> Limiter<S> {
         }
 
         let mut decisions = Vec::with_capacity(checks.iter().map(|c| c.limits.len()).sum());
-        self.store.check(&checks, &mut decisions).await?;
+        if let Err(error) = self.store.check(&checks, &mut decisions).await {
+            self.metrics.store_error(error.kind());
+            decisions.clear();
+            for (item, check) in pending.iter().zip(&checks) {
+                let mode = Fallback::mode(&item.rule);
+                self.metrics
+                    .store_fallback(&item.stats_label, fallback::mode_name(mode));
+                if mode == FailureMode::Error {
+                    return Err(LimiterError::Store(error));
+                }
+                self.fallback.decide(mode, check, &mut decisions).await;
+            }
+        }
 
         let mut offset = 0;
         for (item, check) in pending.into_iter().zip(&checks) {
@@ -383,3 +404,6 @@ impl<S: Store> Limiter<S> {
 pub fn ceil_seconds(micros: u64) -> u64 {
     micros.div_ceil(MICROS_PER_SECOND)
 }
+
+#[cfg(test)]
+mod tests;

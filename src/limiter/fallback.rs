@@ -1,0 +1,105 @@
+//! What a check gets when the store cannot answer: the rule's failure mode (DESIGN §7).
+//!
+//! `open` admits, `closed` refuses, `local` enforces `limit / replicas` in this
+//! instance's memory, and `error` fails the whole call with the store's error so that
+//! Envoy's `failure_mode_deny` decides (the reference's behaviour). A rule with several
+//! limits takes the strictest mode among them: error, then closed, then local, then open.
+
+use std::sync::Arc;
+
+use crate::algorithm::Decision;
+use crate::clock::Clock;
+use crate::rules::{FailureMode, Rule};
+use crate::store::memory::MemoryStore;
+use crate::store::{LimitCheck, Store, StoreCheck};
+
+/// Most keys the `local` failure mode keeps.
+const LOCAL_MAX_KEYS: usize = 100_000;
+
+/// Decides checks without the shared store.
+pub struct Fallback {
+    /// Counters of the `local` mode.
+    local: MemoryStore,
+    /// Instances sharing the store (`--replicas`): local limits are divided by it.
+    replicas: u32,
+}
+
+impl Fallback {
+    /// A fallback for `replicas` instances, reading time from `clock`.
+    pub fn new(replicas: u32, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            local: MemoryStore::new(LOCAL_MAX_KEYS, clock),
+            replicas: replicas.max(1),
+        }
+    }
+
+    /// The failure mode that governs `rule`.
+    pub fn mode(rule: &Rule) -> FailureMode {
+        let modes = rule.limits.iter().map(|limit| limit.failure_mode);
+        [FailureMode::Error, FailureMode::Closed, FailureMode::Local]
+            .into_iter()
+            .find(|strict| modes.clone().any(|mode| mode == *strict))
+            .unwrap_or(FailureMode::Open)
+    }
+
+    /// Decides `check` under `mode` (never `Error`, which the caller handles), appending
+    /// one decision per limit.
+    pub async fn decide(
+        &self,
+        mode: FailureMode,
+        check: &StoreCheck,
+        decisions: &mut Vec<Decision>,
+    ) {
+        match mode {
+            FailureMode::Local => {
+                let local = StoreCheck {
+                    key: check.key,
+                    limits: check
+                        .limits
+                        .iter()
+                        .map(|limit| {
+                            let mut quota = limit.quota;
+                            quota.limit = quota.limit.div_ceil(u64::from(self.replicas));
+                            quota.burst = quota.burst.div_ceil(u64::from(self.replicas));
+                            LimitCheck {
+                                algorithm: limit.algorithm,
+                                quota,
+                            }
+                        })
+                        .collect(),
+                    cost: check.cost,
+                };
+                // The memory store cannot fail.
+                let _ = self
+                    .local
+                    .check(std::slice::from_ref(&local), decisions)
+                    .await;
+            }
+            FailureMode::Open | FailureMode::Closed | FailureMode::Error => {
+                let allowed = mode == FailureMode::Open;
+                decisions.extend(check.limits.iter().map(|limit| Decision {
+                    allowed,
+                    remaining: if allowed { limit.quota.limit } else { 0 },
+                    reset_after: limit.quota.period,
+                    // Not remembered by the blocked-until cache: the store may be back at once.
+                    retry_after: 0,
+                    used: if allowed {
+                        0
+                    } else {
+                        limit.quota.limit.saturating_add(check.cost)
+                    },
+                }));
+            }
+        }
+    }
+}
+
+/// Name of a mode for metrics and logs.
+pub fn mode_name(mode: FailureMode) -> &'static str {
+    match mode {
+        FailureMode::Open => "open",
+        FailureMode::Closed => "closed",
+        FailureMode::Local => "local",
+        FailureMode::Error => "error",
+    }
+}

@@ -255,8 +255,16 @@ impl<S: Store> Limiter<S> {
                 .await?;
         }
 
-        let mut decisions = Vec::with_capacity(checks.iter().map(|c| c.limits.len()).sum());
-        if let Err(error) = self.store.check(&checks, &mut decisions).await {
+        let expected = checks.iter().map(|c| c.limits.len()).sum();
+        let mut decisions = Vec::with_capacity(expected);
+        let answered = match self.store.check(&checks, &mut decisions).await {
+            Ok(()) if decisions.len() != expected => Err(StoreError::Protocol(format!(
+                "store answered {} decisions for {expected} limits",
+                decisions.len()
+            ))),
+            other => other,
+        };
+        if let Err(error) = answered {
             self.metrics.store_error(error.kind());
             decisions.clear();
             for (item, check) in pending.iter().zip(&checks) {

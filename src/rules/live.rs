@@ -46,6 +46,9 @@ pub struct LiveRules {
     next_version: AtomicU64,
     /// The last attempt's outcome.
     last: Mutex<LoadReport>,
+    /// Content hash of the last files that failed to load: unchanged bad files are not
+    /// reloaded (nor re-reported) on every rescan.
+    failed_hash: Mutex<Option<String>>,
 }
 
 impl LiveRules {
@@ -57,6 +60,7 @@ impl LiveRules {
             current: ArcSwapOption::empty(),
             next_version: AtomicU64::new(1),
             last: Mutex::new(LoadReport::default()),
+            failed_hash: Mutex::new(None),
         }
     }
 
@@ -74,27 +78,31 @@ impl LiveRules {
     /// set replaces the old one (returns `Ok(true)`, or `Ok(false)` when the content
     /// hash is unchanged and nothing was swapped); on failure the old set stays.
     pub fn reload(&self) -> Result<bool, Vec<ConfigError>> {
+        let mut failed_hash = lock(&self.failed_hash);
         let outcome = read_config_path(&self.path)
             .map_err(|error| vec![error])
             .and_then(|files| {
                 let hash = content_hash(&files);
-                if self.current().is_some_and(|set| set.hash == hash) {
+                if self.current().is_some_and(|set| set.hash == hash)
+                    || failed_hash.as_deref() == Some(hash.as_str())
+                {
                     return Ok(None);
                 }
-                Rules::compile(&files, &self.options).map(|rules| Some((rules, hash)))
+                Rules::compile(&files, &self.options)
+                    .map(|rules| Some((rules, hash.clone())))
+                    .inspect_err(|_| *failed_hash = Some(hash))
             });
+        drop(failed_hash);
         let mut last = self
             .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         last.at = Some(now());
         match outcome {
-            Ok(None) => {
-                last.errors.clear();
-                Ok(false)
-            }
+            Ok(None) => Ok(false),
             Ok(Some((rules, hash))) => {
                 last.errors.clear();
+                *lock(&self.failed_hash) = None;
                 let version = self.next_version.fetch_add(1, Ordering::SeqCst);
                 self.current.store(Some(Arc::new(RuleSet {
                     rules,
@@ -113,10 +121,7 @@ impl LiveRules {
 
     /// The last load attempt's outcome.
     pub fn last_report(&self) -> LoadReport {
-        self.last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.last).clone()
     }
 }
 
@@ -140,4 +145,11 @@ pub fn content_hash(files: &[ConfigFile]) -> String {
 #[allow(clippy::disallowed_methods)]
 fn now() -> SystemTime {
     SystemTime::now()
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -139,7 +139,10 @@ async fn window_algorithms_refuse_the_fourth_call() {
         let retry: u64 = header(&responses[3], "Retry-After")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        assert!((1..=60).contains(&retry), "{key}: Retry-After {retry}");
+        // The sliding window counter waits for the previous window's weight to decay:
+        // up to two periods.
+        let most = if key == "sliding" { 120 } else { 60 };
+        assert!((1..=most).contains(&retry), "{key}: Retry-After {retry}");
         let status = &responses[3].statuses[0];
         assert_eq!(status.limit_remaining, 0, "{key}");
         assert_eq!(

@@ -23,18 +23,9 @@ impl CounterKey {
     /// `i`'s value is replaced by pattern `p` (the reference's `share_threshold`).
     pub fn new(domain: &str, entries: &[Entry<'_>], share_patterns: &[Option<&str>]) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(ENCODING_TAG);
-        put(&mut hasher, domain.as_bytes());
-        hasher.update((entries.len() as u64).to_be_bytes());
-        for (index, entry) in entries.iter().enumerate() {
-            let value = share_patterns
-                .get(index)
-                .copied()
-                .flatten()
-                .unwrap_or(entry.value);
-            put(&mut hasher, entry.key.as_bytes());
-            put(&mut hasher, value.as_bytes());
-        }
+        encode(domain, entries, share_patterns, &mut |bytes| {
+            hasher.update(bytes)
+        });
         let digest = hasher.finalize();
         let mut first = [0u8; 16];
         first.copy_from_slice(&digest[..16]);
@@ -65,15 +56,98 @@ pub struct LimitKey {
     pub index: u32,
 }
 
-/// Feeds a length-prefixed byte string to the hasher.
-fn put(hasher: &mut Sha256, bytes: &[u8]) {
-    hasher.update((bytes.len() as u64).to_be_bytes());
-    hasher.update(bytes);
+/// The unambiguous encoding that is hashed: a version tag, then the domain, the entry
+/// count and each key and value (or share pattern), every string length-prefixed.
+/// Injective: the bytes decode back to exactly one (domain, entries) (tested).
+fn encode(
+    domain: &str,
+    entries: &[Entry<'_>],
+    share_patterns: &[Option<&str>],
+    sink: &mut dyn FnMut(&[u8]),
+) {
+    let mut put = |bytes: &[u8]| {
+        sink(&(bytes.len() as u64).to_be_bytes());
+        sink(bytes);
+    };
+    put(ENCODING_TAG);
+    put(domain.as_bytes());
+    put(&(entries.len() as u64).to_be_bytes());
+    for (index, entry) in entries.iter().enumerate() {
+        let value = share_patterns
+            .get(index)
+            .copied()
+            .flatten()
+            .unwrap_or(entry.value);
+        put(entry.key.as_bytes());
+        put(value.as_bytes());
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// Decodes `encode`'s bytes: proof that the encoding is injective.
+    fn decode(bytes: &[u8]) -> Option<(String, Vec<(String, String)>)> {
+        let mut rest = bytes;
+        let mut take = || -> Option<Vec<u8>> {
+            let len = usize::try_from(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?)).ok()?;
+            let value = rest.get(8..8 + len)?.to_vec();
+            rest = &rest[8 + len..];
+            Some(value)
+        };
+        (take()? == ENCODING_TAG).then_some(())?;
+        let domain = String::from_utf8(take()?).ok()?;
+        let count = u64::from_be_bytes(take()?.try_into().ok()?);
+        let mut entries = Vec::new();
+        for _ in 0..count {
+            let key = String::from_utf8(take()?).ok()?;
+            let value = String::from_utf8(take()?).ok()?;
+            entries.push((key, value));
+        }
+        drop(take);
+        rest.is_empty().then_some((domain, entries))
+    }
+
+    fn encoded(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
+        let borrowed: Vec<Entry<'_>> = entries
+            .iter()
+            .map(|(key, value)| Entry { key, value })
+            .collect();
+        let mut bytes = Vec::new();
+        encode(domain, &borrowed, &[], &mut |chunk| {
+            bytes.extend_from_slice(chunk)
+        });
+        bytes
+    }
+
+    /// Client-chosen strings, biased towards separators and braces.
+    fn text() -> impl Strategy<Value = String> {
+        proptest::string::string_regex("[a-c_{}:=,./*\\\u{0}-\u{7f}\u{e9}]{0,6}").expect("regex")
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_is_injective(domain in text(), entries in prop::collection::vec((text(), text()), 0..4)) {
+            let bytes = encoded(&domain, &entries);
+            prop_assert_eq!(decode(&bytes), Some((domain, entries)));
+        }
+
+        #[test]
+        fn distinct_descriptors_get_distinct_keys(
+            a in (text(), prop::collection::vec((text(), text()), 0..4)),
+            b in (text(), prop::collection::vec((text(), text()), 0..4)),
+        ) {
+            prop_assume!(a != b);
+            let key = |(domain, entries): &(String, Vec<(String, String)>)| {
+                let borrowed: Vec<Entry<'_>> = entries.iter().map(|(key, value)| Entry { key, value }).collect();
+                CounterKey::new(domain, &borrowed, &[])
+            };
+            prop_assert_ne!(key(&a), key(&b));
+        }
+    }
 
     fn entry<'a>(key: &'a str, value: &'a str) -> Entry<'a> {
         Entry { key, value }

@@ -107,7 +107,6 @@ mod tests {
             let value = String::from_utf8(take()?).ok()?;
             entries.push((key, value));
         }
-        drop(take);
         rest.is_empty().then_some((domain, entries))
     }
 

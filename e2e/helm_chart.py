@@ -22,6 +22,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 
 # Scenario name -> (values, whether `sluice serve` of this build accepts the args).
@@ -45,9 +46,7 @@ SCENARIOS = {
                         }
                     ],
                 },
-                "edge.yaml": open(
-                    os.path.join(os.path.dirname(__file__), "..", "deploy/envoy/rules/edge.yaml")
-                ).read(),
+                "edge.yaml": open(os.path.join(REPO, "deploy/envoy/rules/edge.yaml")).read(),
             },
             "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 6},
             "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
@@ -65,6 +64,8 @@ SCENARIOS = {
         },
         True,
     ),
+    # The values deploy/istio/ tells users to install with.
+    "istio": (yaml.safe_load(open(os.path.join(REPO, "deploy/istio/values.yaml"))), True),
     "existing-configmap": ({"existingConfigMap": "my-rules", "podDisruptionBudget": {"enabled": False}}, True),
     # TODO(redis store): serve does not know --redis-url yet; flip to True when it does.
     "redis": (

@@ -41,6 +41,30 @@ fn helm_chart_renders_lints_and_validates() {
     }
 }
 
+#[test]
+fn serve_check_config_only_refuses_bad_rules_and_flags() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("bad.yaml"), "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+        .expect("write rule file");
+    let serve = |extra: &[&str]| {
+        run(Command::new(sluice_bin())
+            .args(["serve", "--check-config-only", "--config"])
+            .arg(dir.path())
+            .args(extra))
+    };
+    assert!(!serve(&[]).status.success(), "invalid rules accepted");
+    std::fs::write(dir.path().join("bad.yaml"), "domain: x\ndescriptors: []\n").expect("write");
+    assert!(serve(&[]).status.success(), "valid rules refused");
+    assert!(
+        !serve(&["--store", "nowhere"]).status.success(),
+        "bad flag accepted"
+    );
+    assert!(
+        !serve(&["--near-limit-ratio", "2"]).status.success(),
+        "bad setting accepted"
+    );
+}
+
 fn check_scenario(dir: &Path, scenario: &str) {
     let text = std::fs::read_to_string(dir.join("container.json")).expect("container.json");
     let container: Value = serde_json::from_str(&text).expect("container.json is JSON");

@@ -42,6 +42,19 @@ fn exit_code(ok: bool) -> ExitCode {
 
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
+    if args.check_config_only {
+        let ok = sluice::commands::check(
+            std::slice::from_ref(&settings.config),
+            &settings.load,
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        )?;
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     telemetry::init_logging(settings.log_format, &settings.log_level);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();

@@ -146,6 +146,11 @@ pub struct ServeArgs {
     /// Largest gRPC request message, in bytes.
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Resolve the settings and validate the rules as `serve` would, print what
+    /// `sluice check` prints, then exit (0 when both are valid) without serving.
+    /// Used by deployment checks (the Helm chart test) to prove a container's arguments.
+    #[arg(long, hide = true)]
+    pub check_config_only: bool,
 }
 
 /// Where counters live.

@@ -55,6 +55,13 @@ pub struct LayerLabel {
     pub layer: &'static str,
 }
 
+/// A store operation label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// `check` or `peek`.
+    pub op: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -86,6 +93,12 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
+    /// Checks per Redis batch.
+    pub batch_size: Histogram,
+    /// Time of one store call (`op` = `check` or `peek`), queueing included.
+    pub store_durations: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Failed store calls by [`crate::store::StoreError::kind`].
+    pub store_errors: Family<KindLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
 }
@@ -154,8 +167,28 @@ impl Metrics {
             "Decisions made without the store, per local layer",
             local_decisions.clone(),
         );
+        let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register("batch_size", "Checks per Redis batch", batch_size.clone());
+        let store_durations: Family<OpLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
+            });
+        registry.register(
+            "store_duration_seconds",
+            "Time of one store call",
+            store_durations.clone(),
+        );
+        let store_errors = Family::default();
+        registry.register(
+            "store_errors",
+            "Failed store calls by kind",
+            store_errors.clone(),
+        );
         Self {
             registry,
+            batch_size,
+            store_durations,
+            store_errors,
             rule_hits,
             requests,
             request_duration,
@@ -214,6 +247,18 @@ impl Metrics {
             decision,
         };
         self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Records the duration of one store call.
+    pub fn store_duration(&self, op: &'static str, elapsed: std::time::Duration) {
+        self.store_durations
+            .get_or_create(&OpLabel { op })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed store call.
+    pub fn store_error(&self, kind: &'static str) {
+        self.store_errors.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Counts one failed call.

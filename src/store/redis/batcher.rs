@@ -230,8 +230,12 @@ async fn pipeline<'a>(
         limits.push(call.limits);
         // Queued in memory: this cannot fail for a well-formed call.
         // Pipelines have no typed EVALSHA: send it as a custom command routed by the
-        // slot of its first key (offset 2: after the SHA and the key count).
-        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Offset(2), false);
+        // slot of its keys (all of one call share it).
+        let slot = call
+            .keys
+            .first()
+            .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
+        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
         let mut args: Vec<Value> = Vec::with_capacity(2 + call.keys.len() + call.args.len());
         args.push(script::SHA.as_str().into());
         args.push(Value::Integer(call.keys.len() as i64));

@@ -26,8 +26,8 @@ pub enum RedisMode {
     Sentinel,
 }
 
-/// How to reach Redis.
-#[derive(Clone, Debug)]
+/// How to reach Redis. Its `Debug` masks credentials.
+#[derive(Clone)]
 pub struct RedisOptions {
     /// Deployment kind.
     pub mode: RedisMode,
@@ -47,6 +47,21 @@ pub struct RedisOptions {
     pub batch_max: usize,
     /// Most calls waiting for the batcher; beyond it calls fail at once.
     pub queue: usize,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("mode", &self.mode)
+            .field("url", &mask_url(&self.url))
+            .field("auth", &self.auth.as_ref().map(|_| "*****"))
+            .field("tls", &self.tls)
+            .field("timeout", &self.timeout)
+            .field("batch_window", &self.batch_window)
+            .field("batch_max", &self.batch_max)
+            .field("queue", &self.queue)
+            .finish()
+    }
 }
 
 /// Builds and starts (in the background) a client for `options`.
@@ -159,6 +174,14 @@ pub fn classify(error: &FredError, timeout: Duration) -> StoreError {
         | ErrorKind::Auth
         | ErrorKind::Tls => {
             StoreError::Unavailable(format!("{:?}: {}", error.kind(), error.details()))
+        }
+        // A redirected (MOVED/ASK) or re-routed call: fred counts it as a second write
+        // attempt, which we forbid; it did not run, so it is safe to report as an outage.
+        _ if error
+            .details()
+            .starts_with("Too many failed write attempts") =>
+        {
+            StoreError::Unavailable(error.details().to_owned())
         }
         _ if is_transient_reply(error.details()) => {
             StoreError::Unavailable(error.details().to_owned())

@@ -54,7 +54,10 @@ async fn memory_usage_per_key() {
         };
         for _ in 0..requests {
             let mut out = Vec::new();
-            store.check(std::slice::from_ref(&check), &mut out).await.expect("check");
+            store
+                .check(std::slice::from_ref(&check), &mut out)
+                .await
+                .expect("check");
             assert!(out[0].allowed);
             // Distinct instants, so the sliding log holds one run per request.
             tokio::time::sleep(Duration::from_micros(50)).await;
@@ -65,7 +68,13 @@ async fn memory_usage_per_key() {
             .await
             .expect("MEMORY USAGE");
         let bytes = bytes.expect("key exists");
-        println!("{:>14} after {requests:>3} requests: {bytes} bytes", kind.as_str());
-        assert!(bytes < 200 + 40 * requests as u64, "{kind:?}: {bytes} bytes");
+        println!(
+            "{:>14} after {requests:>3} requests: {bytes} bytes",
+            kind.as_str()
+        );
+        assert!(
+            bytes < 200 + 40 * requests as u64,
+            "{kind:?}: {bytes} bytes"
+        );
     }
 }

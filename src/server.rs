@@ -20,6 +20,7 @@ use crate::rules::live::LiveRules;
 use crate::service::{GrpcService, Service};
 use crate::settings::{Settings, StoreKind};
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{mask_url, RedisStore};
 use crate::store::Store;
 use crate::telemetry::{Metrics, ResultLabel};
 
@@ -48,6 +49,9 @@ pub enum ServerError {
         /// The I/O or transport error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The store could not be set up (a configuration error, not an outage).
+    #[error("store: {0}")]
+    Store(String),
 }
 
 /// Readiness and drain state shared by the admin port and the gRPC health service.
@@ -96,6 +100,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let clock: Arc<dyn Clock> = SystemClock::shared();
+    let metrics = Arc::new(Metrics::new());
     match settings.store {
         StoreKind::Memory => {
             let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock.clone()));
@@ -107,9 +112,21 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let result = serve(listeners, settings, store, clock, shutdown).await;
+            let result = serve(listeners, settings, store, clock, metrics, shutdown).await;
             sweep.abort();
             result
+        }
+        StoreKind::Redis | StoreKind::RedisCluster | StoreKind::RedisSentinel => {
+            // Connects in the background: startup never waits for Redis.
+            let store = RedisStore::new(&settings.redis, metrics.clone())
+                .map_err(|error| ServerError::Store(error.to_string()))?;
+            tracing::info!(
+                store = store.kind(),
+                url = %mask_url(&settings.redis.url),
+                timeout = ?settings.redis.timeout,
+                "using redis"
+            );
+            serve(listeners, settings, store, clock, metrics, shutdown).await
         }
     }
 }
@@ -120,12 +137,12 @@ async fn serve<S: Store>(
     settings: Settings,
     store: S,
     clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
         tracing::info!(variable = %name, "reference setting has no meaning in Sluice; ignored");
     }
-    let metrics = Arc::new(Metrics::new());
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
     let limiter = Limiter::new(store, clock, settings.limiter, metrics.clone());
     let service = Arc::new(Service::new(

@@ -64,6 +64,13 @@ pub struct LayerLabel {
     pub layer: &'static str,
 }
 
+/// A store operation label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// `check` or `peek`.
+    pub op: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -95,7 +102,11 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
-    /// Store failures by kind.
+    /// Checks per Redis batch.
+    pub batch_size: Histogram,
+    /// Time of one store call (`op` = `check` or `peek`), queueing included.
+    pub store_durations: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Failed store calls by [`crate::store::StoreError::kind`].
     pub store_errors: Family<KindLabel, Counter>,
     /// Checks answered by a rule's failure mode because the store failed.
     pub store_fallbacks: Family<FallbackLabels, Counter>,
@@ -167,10 +178,21 @@ impl Metrics {
             "Decisions made without the store, per local layer",
             local_decisions.clone(),
         );
+        let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register("batch_size", "Checks per Redis batch", batch_size.clone());
+        let store_durations: Family<OpLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
+            });
+        registry.register(
+            "store_duration_seconds",
+            "Time of one store call",
+            store_durations.clone(),
+        );
         let store_errors = Family::default();
         registry.register(
             "store_errors",
-            "Store failures by kind",
+            "Failed store calls by kind",
             store_errors.clone(),
         );
         let store_fallbacks = Family::default();
@@ -181,6 +203,9 @@ impl Metrics {
         );
         Self {
             registry,
+            batch_size,
+            store_durations,
+            store_errors,
             rule_hits,
             requests,
             request_duration,
@@ -191,7 +216,6 @@ impl Metrics {
             config_rules,
             memory_evictions,
             local_decisions,
-            store_errors,
             store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
         }
@@ -243,7 +267,14 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    /// Counts one store failure.
+    /// Records the duration of one store call.
+    pub fn store_duration(&self, op: &'static str, elapsed: std::time::Duration) {
+        self.store_durations
+            .get_or_create(&OpLabel { op })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed store call.
     pub fn store_error(&self, kind: &'static str) {
         self.store_errors.get_or_create(&KindLabel { kind }).inc();
     }

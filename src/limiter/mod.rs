@@ -265,7 +265,6 @@ impl<S: Store> Limiter<S> {
             other => other,
         };
         if let Err(error) = answered {
-            self.metrics.store_error(error.kind());
             decisions.clear();
             for (item, check) in pending.iter().zip(&checks) {
                 let mode = Fallback::mode(&item.rule);

@@ -2,6 +2,8 @@
 //! metric lookups by the reference's stat names.
 #![allow(dead_code, missing_docs)]
 
+pub mod redis;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

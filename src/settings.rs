@@ -93,9 +93,17 @@ pub struct ServeArgs {
     /// When one descriptor would go over, charge no other descriptor of the request [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
     #[arg(long, env = "SLUICE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
     pub stop_increment_when_over_limit: Option<bool>,
-    /// How often the config path is re-read as a backstop to file events.
-    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    /// How often the config path is re-read (content-hash compared) as a backstop to
+    /// the file watcher.
+    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     pub reload_interval: Duration,
+    /// Serve `/debug/shadow` and `/debug/hotkeys` (they show descriptor values).
+    #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
+    pub debug_endpoints: bool,
+    /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
+    /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT].
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
     pub drain_delay: Duration,
@@ -155,6 +163,10 @@ pub struct Settings {
     pub max_message_bytes: usize,
     /// Backstop rescan period.
     pub reload_interval: Duration,
+    /// Whether `/debug/*` answers.
+    pub debug_endpoints: bool,
+    /// Where traces are exported, if anywhere.
+    pub otlp_endpoint: Option<String>,
     /// Readiness-false period before closing listeners.
     pub drain_delay: Duration,
     /// Longest drain.
@@ -339,6 +351,8 @@ impl Settings {
             },
             max_message_bytes: args.max_message_bytes,
             reload_interval: args.reload_interval,
+            debug_endpoints: args.debug_endpoints,
+            otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
             ignored_env,

@@ -12,6 +12,8 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{Entry, LimitOverride, Lookup, Rule, Rules};
@@ -246,7 +248,15 @@ impl<S: Store> Limiter<S> {
         }
 
         let mut decisions = Vec::with_capacity(checks.iter().map(|c| c.limits.len()).sum());
-        self.store.check(&checks, &mut decisions).await?;
+        let span = tracing::debug_span!(
+            "store.check",
+            store = self.store.kind(),
+            checks = checks.len()
+        );
+        self.store
+            .check(&checks, &mut decisions)
+            .instrument(span)
+            .await?;
 
         let mut offset = 0;
         for (item, check) in pending.into_iter().zip(&checks) {

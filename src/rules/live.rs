@@ -1,5 +1,10 @@
 //! The live rule set: an immutable [`RuleSet`] swapped atomically on reload. Requests
 //! in flight keep the snapshot they started with; a failed load keeps the old one.
+//!
+//! A load compiles every file or none: an error in one file keeps the whole previous
+//! set. Content is compared by hash, so re-reading unchanged files (the periodic rescan)
+//! costs a read and a hash, never a compile, and a bad edit is reported once, not on
+//! every rescan.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,13 +29,47 @@ pub struct RuleSet {
     pub loaded_at: SystemTime,
 }
 
-/// The outcome of the last load attempt, for `/status`.
+/// What one load attempt did.
+#[derive(Debug)]
+pub enum ReloadOutcome {
+    /// The files are as last seen (loaded or rejected): nothing changed.
+    Unchanged,
+    /// A new rule set was compiled and swapped in.
+    Loaded(Arc<RuleSet>),
+    /// The files could not be loaded; the previous rule set (if any) keeps serving.
+    Failed {
+        /// Every error found, in file order.
+        errors: Vec<ConfigError>,
+        /// The same errors as the previous attempt (a rescan of still-broken files):
+        /// already reported.
+        repeated: bool,
+    },
+}
+
+/// One load error, in the shape `/status` shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LoadErrorInfo {
+    /// The file (relative to the config path) or path the error is about.
+    pub file: String,
+    /// 1-based line, when the parser knows it.
+    pub line: Option<u64>,
+    /// 1-based column, when the parser knows it.
+    pub column: Option<u64>,
+    /// Why, without the file name.
+    pub reason: String,
+    /// The full message as logged.
+    pub message: String,
+}
+
+/// The outcome of load attempts, for `/status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// When the attempt ran.
-    pub at: Option<SystemTime>,
-    /// The errors (file, path, reason), empty on success.
-    pub errors: Vec<String>,
+    /// When the config path was last read, whatever the outcome.
+    pub checked_at: Option<SystemTime>,
+    /// When new content was last loaded or rejected.
+    pub changed_at: Option<SystemTime>,
+    /// The errors of the last attempt on new content; empty after a success.
+    pub errors: Vec<LoadErrorInfo>,
 }
 
 /// The rule set requests read, and how it was last loaded.
@@ -44,8 +83,9 @@ pub struct LiveRules {
     current: ArcSwapOption<RuleSet>,
     /// Version of the next successful load.
     next_version: AtomicU64,
-    /// The last attempt's outcome.
-    last: Mutex<LoadReport>,
+    /// The last attempts' outcome, and the hash of the content last compiled (loaded
+    /// or rejected), so unchanged content is not compiled or reported again.
+    last: Mutex<(LoadReport, Option<String>)>,
 }
 
 impl LiveRules {
@@ -56,7 +96,7 @@ impl LiveRules {
             options,
             current: ArcSwapOption::empty(),
             next_version: AtomicU64::new(1),
-            last: Mutex::new(LoadReport::default()),
+            last: Mutex::new((LoadReport::default(), None)),
         }
     }
 
@@ -70,54 +110,87 @@ impl LiveRules {
         self.current.load_full()
     }
 
-    /// Reads, validates and compiles the files at the config path. On success the new
-    /// set replaces the old one (returns `Ok(true)`, or `Ok(false)` when the content
-    /// hash is unchanged and nothing was swapped); on failure the old set stays.
-    pub fn reload(&self) -> Result<bool, Vec<ConfigError>> {
-        let outcome = read_config_path(&self.path)
-            .map_err(|error| vec![error])
-            .and_then(|files| {
-                let hash = content_hash(&files);
-                if self.current().is_some_and(|set| set.hash == hash) {
-                    return Ok(None);
-                }
-                Rules::compile(&files, &self.options).map(|rules| Some((rules, hash)))
-            });
+    /// Reads, validates and compiles the files at the config path (blocking: call it
+    /// off the async workers). New content that compiles replaces the active set; any
+    /// error keeps it. Unchanged content is neither compiled nor reported again.
+    pub fn reload(&self) -> ReloadOutcome {
+        let read = read_config_path(&self.path).map(|files| {
+            let hash = content_hash(&files);
+            (files, hash)
+        });
         let mut last = self
             .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        last.at = Some(now());
-        match outcome {
-            Ok(None) => {
-                last.errors.clear();
-                Ok(false)
+        let (report, last_hash) = &mut *last;
+        let now = now();
+        report.checked_at = Some(now);
+        let (files, hash) = match read {
+            Ok(read) => read,
+            Err(error) => {
+                let errors = vec![error];
+                let infos = infos(&errors);
+                let repeated = last_hash.is_none() && report.errors == infos;
+                if !repeated {
+                    report.changed_at = Some(now);
+                }
+                report.errors = infos;
+                *last_hash = None;
+                return ReloadOutcome::Failed { errors, repeated };
             }
-            Ok(Some((rules, hash))) => {
-                last.errors.clear();
+        };
+        if last_hash.as_deref() == Some(hash.as_str()) {
+            return ReloadOutcome::Unchanged;
+        }
+        report.changed_at = Some(now);
+        *last_hash = Some(hash.clone());
+        match Rules::compile(&files, &self.options) {
+            Ok(rules) => {
+                report.errors.clear();
                 let version = self.next_version.fetch_add(1, Ordering::SeqCst);
-                self.current.store(Some(Arc::new(RuleSet {
+                let set = Arc::new(RuleSet {
                     rules,
                     version,
                     hash,
-                    loaded_at: now(),
-                })));
-                Ok(true)
+                    loaded_at: now,
+                });
+                self.current.store(Some(set.clone()));
+                ReloadOutcome::Loaded(set)
             }
             Err(errors) => {
-                last.errors = errors.iter().map(ToString::to_string).collect();
-                Err(errors)
+                report.errors = infos(&errors);
+                ReloadOutcome::Failed {
+                    errors,
+                    repeated: false,
+                }
             }
         }
     }
 
-    /// The last load attempt's outcome.
+    /// The last load attempts' outcome.
     pub fn last_report(&self) -> LoadReport {
         self.last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
             .clone()
     }
+}
+
+fn infos(errors: &[ConfigError]) -> Vec<LoadErrorInfo> {
+    errors
+        .iter()
+        .map(|error| {
+            let (line, column) = error.position();
+            LoadErrorInfo {
+                file: error.file(),
+                line,
+                column,
+                reason: error.reason(),
+                message: error.to_string(),
+            }
+        })
+        .collect()
 }
 
 /// Hash over file names and contents, in load order.

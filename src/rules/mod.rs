@@ -13,6 +13,7 @@ pub mod live;
 mod load;
 mod model;
 mod schema;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;

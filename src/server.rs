@@ -188,8 +188,12 @@ async fn serve<S: Store>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let reloader = tokio::spawn(reloader.run(stop_rx.clone()));
 
-    let grpc_addr = listeners.grpc.local_addr().ok();
-    let http_addr = listeners.http.local_addr().ok();
+    let addr = |listener: &TcpListener| {
+        listener
+            .local_addr()
+            .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string())
+    };
+    let (grpc_addr, http_addr) = (addr(&listeners.grpc), addr(&listeners.http));
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let grpc = tonic::transport::Server::builder()
@@ -208,7 +212,7 @@ async fn serve<S: Store>(
     });
     let http = axum::serve(listeners.http, admin::router(admin_state))
         .with_graceful_shutdown(wait_for(stop_rx.clone()));
-    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, config = %settings.config.display(), "sluice serving");
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, config = %settings.config.display(), "sluice serving");
 
     let drain_delay = settings.drain_delay;
     let drain_timeout = settings.drain_timeout;
@@ -220,6 +224,7 @@ async fn serve<S: Store>(
         drain_lifecycle.start_draining();
         set_health(&drain_health, false).await;
         tokio::time::sleep(drain_delay).await;
+        tracing::info!("listeners closing; waiting for in-flight calls");
         let _ = stop_tx.send(true);
         tokio::time::sleep(drain_timeout).await;
     };

@@ -33,7 +33,6 @@ fn main() -> anyhow::Result<ExitCode> {
 
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
-    telemetry::init_logging(settings.log_format, &settings.log_level);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Some(workers) = settings.workers {
@@ -41,6 +40,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let runtime = runtime.build().context("starting the async runtime")?;
     runtime.block_on(async {
+        // Inside the runtime: the OTLP exporter's gRPC channel lives on it.
+        let _telemetry = telemetry::init(
+            settings.log_format,
+            &settings.log_level,
+            settings.otlp_endpoint.as_deref(),
+        );
         let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;

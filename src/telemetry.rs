@@ -252,6 +252,10 @@ pub fn init_logging(format: LogFormat, level: &str) {
     drop(init(format, level, None));
 }
 
+/// Longest wait for the last traces at exit.
+#[cfg(feature = "otel")]
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Keeps trace export running; dropping it flushes and stops the exporter.
 #[must_use = "dropping the guard stops trace export"]
 pub struct TelemetryGuard {
@@ -264,7 +268,7 @@ impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         #[cfg(feature = "otel")]
         if let Some(provider) = self.provider.take() {
-            if let Err(error) = provider.shutdown() {
+            if let Err(error) = provider.shutdown_with_timeout(FLUSH_TIMEOUT) {
                 tracing::warn!(%error, "flushing traces failed");
             }
         }

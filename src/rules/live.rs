@@ -214,3 +214,57 @@ pub fn content_hash(files: &[ConfigFile]) -> String {
 fn now() -> SystemTime {
     SystemTime::now()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str =
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+    #[test]
+    fn reports_each_new_content_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("rules.yaml");
+        let rules = LiveRules::new(dir.path(), LoadOptions::default());
+        std::fs::write(&file, GOOD).expect("write");
+        assert!(matches!(rules.reload(), ReloadOutcome::Loaded(set) if set.version == 1));
+        assert!(matches!(rules.reload(), ReloadOutcome::Unchanged));
+
+        std::fs::write(
+            &file,
+            "domain: a\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed {
+                repeated: false,
+                ..
+            }
+        ));
+        // Still broken, same content: not compiled or reported again.
+        assert!(matches!(rules.reload(), ReloadOutcome::Unchanged));
+        assert_eq!(rules.last_report().errors.len(), 1);
+        assert_eq!(rules.current().map(|set| set.version), Some(1));
+
+        std::fs::remove_dir_all(dir.path()).expect("remove");
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed {
+                repeated: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed { repeated: true, .. }
+        ));
+
+        std::fs::create_dir(dir.path()).expect("re-create");
+        std::fs::write(&file, GOOD).expect("write");
+        // The same content as the active set, but after failures: loaded again.
+        assert!(matches!(rules.reload(), ReloadOutcome::Loaded(set) if set.version == 2));
+        assert!(rules.last_report().errors.is_empty());
+    }
+}

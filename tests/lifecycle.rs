@@ -158,7 +158,7 @@ async fn sigterm_drains_without_failing_a_call() {
             "admin port closed before readiness turned false"
         );
         assert!(
-            term_sent.elapsed() < Duration::from_millis(200),
+            term_sent.elapsed() < Duration::from_millis(500),
             "readiness still true {:?} after SIGTERM",
             term_sent.elapsed()
         );
@@ -198,9 +198,13 @@ async fn sigterm_drains_without_failing_a_call() {
                     "a call started {:?} after SIGTERM (during the drain delay) failed: {status:?}",
                     call.started.saturating_duration_since(term_sent)
                 );
-                assert_eq!(
-                    status.code(),
-                    tonic::Code::Unavailable,
+                // Refusals: no connection (Unavailable), or a call the client had queued
+                // on a connection the server closed after GOAWAY, never sent (hyper's
+                // "connection closed" cancellation).
+                let never_sent = status.code() == tonic::Code::Cancelled
+                    && format!("{status:?}").contains("connection closed");
+                assert!(
+                    status.code() == tonic::Code::Unavailable || never_sent,
                     "a call failed other than by a refused connection: {status:?}"
                 );
                 refused += 1;

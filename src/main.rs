@@ -49,13 +49,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             &mut std::io::stdout(),
             &mut std::io::stderr(),
         )?;
-        return Ok(if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
+        return Ok(exit_code(ok));
     }
-    telemetry::init_logging(settings.log_format, &settings.log_level);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Some(workers) = settings.workers {
@@ -63,6 +58,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let runtime = runtime.build().context("starting the async runtime")?;
     runtime.block_on(async {
+        // Inside the runtime: the OTLP exporter's gRPC channel lives on it.
+        let _telemetry = telemetry::init(
+            settings.log_format,
+            &settings.log_level,
+            settings.otlp_endpoint.as_deref(),
+        );
         let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;

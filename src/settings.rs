@@ -138,16 +138,22 @@ pub struct ServeArgs {
     /// When one descriptor would go over, charge no other descriptor of the request [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
     #[arg(long, env = "SLUICE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
     pub stop_increment_when_over_limit: Option<bool>,
-    /// How often the config path is re-read as a backstop to file events.
-    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    /// How often the config path is re-read (content-hash compared) as a backstop to
+    /// the file watcher.
+    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     pub reload_interval: Duration,
+    /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
+    /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT].
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
     pub drain_delay: Duration,
     /// After SIGTERM: longest wait for in-flight calls.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
-    /// Serve `POST /explain` and `/debug/*`, which show descriptor values (user ids, IPs).
+    /// Serve `POST /explain`, `/debug/shadow` and `/debug/hotkeys`, which show descriptor
+    /// values (user ids, IPs).
     #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
     pub debug_endpoints: bool,
     /// Most descriptors in one request.
@@ -216,6 +222,8 @@ pub struct Settings {
     pub max_message_bytes: usize,
     /// Backstop rescan period.
     pub reload_interval: Duration,
+    /// Where traces are exported, if anywhere.
+    pub otlp_endpoint: Option<String>,
     /// Readiness-false period before closing listeners.
     pub drain_delay: Duration,
     /// Longest drain.
@@ -446,6 +454,7 @@ impl Settings {
             },
             max_message_bytes: args.max_message_bytes,
             reload_interval: args.reload_interval,
+            otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,

@@ -104,13 +104,7 @@ impl Sluice {
 
     /// Every metric sample.
     pub async fn metrics(&self) -> Metrics {
-        let text = reqwest::get(self.url("/metrics"))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
-        Metrics::parse(&text)
+        super::common::fetch_metrics(&self.url("/metrics")).await
     }
 
     /// Replaces a rule file's contents (written whole, then renamed into place, as a

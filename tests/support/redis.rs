@@ -169,3 +169,36 @@ impl RedisCluster {
             .join(",")
     }
 }
+
+/// Store options for tests: generous timeout, default batching.
+pub fn store_options(
+    mode: sluice::store::redis::RedisMode,
+    url: String,
+) -> sluice::store::redis::RedisOptions {
+    sluice::store::redis::RedisOptions {
+        mode,
+        url,
+        auth: None,
+        tls: false,
+        timeout: Duration::from_secs(2),
+        batch_window: Duration::from_micros(100),
+        batch_max: 256,
+        queue: 4096,
+    }
+}
+
+/// A Redis store at `url`, once its connection is up.
+pub async fn connected_store(
+    mode: sluice::store::redis::RedisMode,
+    url: String,
+) -> sluice::store::redis::RedisStore {
+    let metrics = std::sync::Arc::new(sluice::telemetry::Metrics::new());
+    let store = sluice::store::redis::RedisStore::new(&store_options(mode, url), metrics)
+        .expect("redis store");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.is_connected() {
+        assert!(Instant::now() < deadline, "redis store did not connect");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store
+}

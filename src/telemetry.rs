@@ -358,7 +358,10 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let fmt = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        // Colours only on a terminal: log collectors get plain text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
     let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));

@@ -213,11 +213,14 @@ async fn serve<S: Store>(
     let (grpc_addr, http_addr) = (addr(&listeners.grpc), addr(&listeners.http));
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
+    let (reflection_v1, reflection_v1alpha) = reflection_services();
     let grpc = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .max_concurrent_streams(Some(1024))
         .add_service(health_service)
         .add_service(rls)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.grpc),
             wait_for(stop_rx.clone()),
@@ -342,6 +345,36 @@ async fn set_health(health: &HealthReporter, serving: bool) {
     };
     health.set_service_status("", status).await;
     health.set_service_status(HEALTH_SERVICE_NAME, status).await;
+}
+
+/// gRPC server reflection (v1 and v1alpha, for grpcurl and friends) over the RLS and
+/// health protos. A descriptor that does not build only costs reflection, with a log line.
+fn reflection_services() -> (
+    Option<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+    >,
+    Option<
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    >,
+) {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = builder()
+        .build_v1()
+        .map_err(|error| tracing::warn!(%error, "gRPC reflection (v1) unavailable"))
+        .ok();
+    let v1alpha = builder()
+        .build_v1alpha()
+        .map_err(|error| tracing::warn!(%error, "gRPC reflection (v1alpha) unavailable"))
+        .ok();
+    (v1, v1alpha)
 }
 
 /// Completes when the stop flag turns true.

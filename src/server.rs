@@ -154,9 +154,7 @@ async fn serve<S: Store>(
     let http_addr = listeners.http.local_addr().ok();
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(Some(1024))
+    let grpc = grpc_server_builder()
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
@@ -207,6 +205,14 @@ async fn serve<S: Store>(
     reloader.abort();
     tracing::info!("sluice stopped");
     result
+}
+
+/// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that
+/// it measures the same stack).
+pub fn grpc_server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(Some(1024))
 }
 
 /// Loads the rules once, records the outcome, and updates health.

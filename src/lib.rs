@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod bench;
 pub mod clock;
 pub mod commands;
 pub mod limiter;

@@ -214,9 +214,7 @@ async fn serve<S: Store>(
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let (reflection_v1, reflection_v1alpha) = reflection_services();
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(Some(1024))
+    let grpc = grpc_server_builder()
         .add_service(health_service)
         .add_service(rls)
         .add_optional_service(reflection_v1)
@@ -272,6 +270,14 @@ async fn serve<S: Store>(
     health_task.abort();
     tracing::info!("sluice stopped");
     result
+}
+
+/// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that
+/// it measures the same stack).
+pub fn grpc_server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(Some(1024))
 }
 
 /// Turns reload outcomes into metrics, logs and readiness.

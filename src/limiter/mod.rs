@@ -20,7 +20,7 @@ use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::{Blocked, BlockedCache};
 use fallback::Fallback;
 
@@ -359,15 +359,14 @@ impl<S: Store> Limiter<S> {
         }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
         let split = stats::split_hits(&decision, limit, item.hits, self.settings.near_limit_ratio);
-        let label = &item.stats_label;
-        self.metrics.add_rule_hits(label, "total_hits", item.hits);
-        self.metrics
-            .add_rule_hits(label, "within_limit", split.within_limit);
-        self.metrics
-            .add_rule_hits(label, "near_limit", split.near_limit);
-        self.metrics
-            .add_rule_hits(label, "over_limit", split.over_limit);
-        self.finish(item, limit_index, decision, split.near_limit > 0)
+        let counters = self
+            .metrics
+            .rule_counters(&item.rule.domain, &item.stats_label);
+        counters.add(RuleStat::TotalHits, item.hits);
+        counters.add(RuleStat::WithinLimit, split.within_limit);
+        counters.add(RuleStat::NearLimit, split.near_limit);
+        counters.add(RuleStat::OverLimit, split.over_limit);
+        self.finish(item, &counters, limit_index, decision, split.near_limit > 0)
     }
 
     /// A verdict answered from the blocked-until cache.
@@ -378,20 +377,28 @@ impl<S: Store> Limiter<S> {
         now: Micros,
     ) -> Verdict<'r> {
         self.metrics.local_decision("blocked_cache");
-        let label = &item.stats_label;
-        self.metrics.add_rule_hits(label, "total_hits", item.hits);
-        self.metrics.add_rule_hits(label, "over_limit", item.hits);
+        let counters = self
+            .metrics
+            .rule_counters(&item.rule.domain, &item.stats_label);
+        counters.add(RuleStat::TotalHits, item.hits);
+        counters.add(RuleStat::OverLimit, item.hits);
         if self.settings.report_local_cache {
-            self.metrics
-                .add_rule_hits(label, "over_limit_with_local_cache", item.hits);
+            counters.add(RuleStat::OverLimitWithLocalCache, item.hits);
         }
-        self.finish(item, blocked.limit_index, blocked.decision_at(now), false)
+        self.finish(
+            item,
+            &counters,
+            blocked.limit_index,
+            blocked.decision_at(now),
+            false,
+        )
     }
 
     /// Shadow handling and the per-rule decision count, common to every verdict.
     fn finish<'r>(
         &self,
         item: Pending<'r>,
+        counters: &RuleCounters,
         limit_index: usize,
         decision: Decision,
         near: bool,
@@ -399,16 +406,14 @@ impl<S: Store> Limiter<S> {
         let shadow = item.rule.shadow_mode;
         let outcome = match (decision.allowed, shadow) {
             (false, true) => {
-                self.metrics
-                    .add_rule_hits(&item.stats_label, "shadow_mode", item.hits);
+                counters.add(RuleStat::ShadowMode, item.hits);
                 "shadow_over_limit"
             }
             (false, false) => "over_limit",
             (true, _) if near => "near_limit",
             (true, _) => "ok",
         };
-        self.metrics
-            .count_decision(&item.rule.domain, &item.stats_label, outcome);
+        counters.decision(outcome);
         Verdict::Limited(Limited {
             rule: item.rule,
             limit_index,

@@ -227,27 +227,33 @@ impl<S: Store> Limiter<S> {
         // keys the store refused recently are answered locally.
         let now = self.clock.now();
         let mut any_blocked = false;
-        let mut to_store = Vec::with_capacity(pending.len());
-        let mut store_checks = Vec::with_capacity(checks.len());
-        for (item, check) in pending.into_iter().zip(checks) {
-            if item
+        // Filtered in place (order kept), so no second pair of vectors is allocated.
+        let mut position = 0;
+        while position < pending.len() {
+            let item: &Pending<'r> = &pending[position];
+            let check = &checks[position];
+            let is_replaced = item
                 .rule
                 .name
                 .as_deref()
-                .is_some_and(|name| replaced.contains(name))
-            {
+                .is_some_and(|name| replaced.contains(name));
+            let blocked = if is_replaced {
+                None
+            } else {
+                self.blocked.get(check.key, &check.limits, check.cost, now)
+            };
+            if !is_replaced && blocked.is_none() {
+                position += 1;
                 continue;
             }
-            if let Some(blocked) = self.blocked.get(check.key, &check.limits, check.cost, now) {
+            let item = pending.remove(position);
+            checks.remove(position);
+            if let Some(blocked) = blocked {
                 let index = item.index;
                 any_blocked = true;
                 verdicts[index] = self.blocked_verdict(item, &blocked, now);
-                continue;
             }
-            to_store.push(item);
-            store_checks.push(check);
         }
-        let (pending, mut checks) = (to_store, store_checks);
         if checks.is_empty() {
             return Ok(verdicts);
         }

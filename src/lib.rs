@@ -10,6 +10,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod commands;
 pub mod limiter;
+pub mod listener;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -43,6 +43,10 @@ fn exit_code(ok: bool) -> ExitCode {
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
     telemetry::init_logging(settings.log_format, &settings.log_level);
+    match sluice::listener::raise_open_file_limit() {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(error) => tracing::warn!(%error, "open file limit not raised"),
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Some(workers) = settings.workers {

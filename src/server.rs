@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::Limiter;
+use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::LiveRules;
 use crate::service::{GrpcService, Service};
@@ -48,6 +48,9 @@ pub enum ServerError {
         /// The I/O or transport error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The gRPC TLS files could not be loaded at start.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] crate::listener::tls::TlsError),
 }
 
 /// Readiness and drain state shared by the admin port and the gRPC health service.
@@ -154,13 +157,15 @@ async fn serve<S: Store>(
     let http_addr = listeners.http.local_addr().ok();
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(Some(1024))
+    let tls = match settings.grpc_tls.clone() {
+        Some(tls) => Some(Arc::new(ReloadingTls::load(tls)?)),
+        None => None,
+    };
+    let grpc = listener::hardened_server()
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
+            listener::incoming(listeners.grpc, tls),
             wait_for(stop_rx.clone()),
         );
     let admin_state = Arc::new(AdminState {

@@ -146,6 +146,9 @@ pub struct ServeArgs {
     /// Largest gRPC request message, in bytes.
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// gRPC TLS and mTLS.
+    #[command(flatten)]
+    pub tls: crate::listener::tls::TlsArgs,
 }
 
 /// Where counters live.
@@ -195,6 +198,8 @@ pub struct Settings {
     pub debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
+    /// gRPC TLS (`None`: plaintext).
+    pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }
 
 /// A setting that could not be understood.
@@ -378,6 +383,7 @@ impl Settings {
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
             ignored_env,
+            grpc_tls: crate::listener::tls::TlsSettings::resolve(&args.tls, env)?,
         })
     }
 }

@@ -74,7 +74,11 @@ fn rig() -> &'static RequestRig {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("fuzz.yaml"), RULES).expect("write rules");
         let rules = Arc::new(LiveRules::new(dir.path(), LoadOptions::default()));
-        rules.reload().expect("fuzz rules load");
+        let outcome = rules.reload();
+        assert!(
+            matches!(outcome, sluice::rules::live::ReloadOutcome::Loaded(_)),
+            "fuzz rules do not load"
+        );
         let clock: Arc<dyn Clock> = SystemClock::shared();
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(MemoryStore::new(10_000, clock.clone()));

@@ -42,10 +42,14 @@ fn exit_code(ok: bool) -> ExitCode {
 
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
-    telemetry::init_logging(settings.log_format, &settings.log_level);
-    match sluice::listener::raise_open_file_limit() {
-        Ok(limit) => tracing::debug!(limit, "open file limit"),
-        Err(error) => tracing::warn!(%error, "open file limit not raised"),
+    if args.check_config_only {
+        let ok = sluice::commands::check(
+            std::slice::from_ref(&settings.config),
+            &settings.load,
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        )?;
+        return Ok(exit_code(ok));
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
@@ -54,6 +58,16 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let runtime = runtime.build().context("starting the async runtime")?;
     runtime.block_on(async {
+        // Inside the runtime: the OTLP exporter's gRPC channel lives on it.
+        let _telemetry = telemetry::init(
+            settings.log_format,
+            &settings.log_level,
+            settings.otlp_endpoint.as_deref(),
+        );
+        match sluice::listener::raise_open_file_limit() {
+            Ok(limit) => tracing::debug!(limit, "open file limit"),
+            Err(error) => tracing::warn!(%error, "open file limit not raised"),
+        }
         let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;

@@ -16,10 +16,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::limiter::Limiter;
 use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
-use crate::rules::live::LiveRules;
+use crate::rules::live::{LiveRules, ReloadOutcome};
+use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
+use crate::service::debug::DebugReports;
 use crate::service::{GrpcService, Service};
 use crate::settings::{Settings, StoreKind};
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{mask_url, RedisStore};
 use crate::store::Store;
 use crate::telemetry::{Metrics, ResultLabel};
 
@@ -48,6 +51,9 @@ pub enum ServerError {
         /// The I/O or transport error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The store could not be set up (a configuration error, not an outage).
+    #[error("store: {0}")]
+    Store(String),
     /// The gRPC TLS files could not be loaded at start.
     #[error("gRPC TLS: {0}")]
     Tls(#[from] crate::listener::tls::TlsError),
@@ -60,6 +66,9 @@ pub struct Lifecycle {
     draining: AtomicBool,
     /// When the server started.
     started: Instant,
+    /// Whether to receive traffic: rules loaded and not draining. Mirrored into the
+    /// gRPC health service.
+    serving: watch::Sender<bool>,
 }
 
 impl Lifecycle {
@@ -68,7 +77,27 @@ impl Lifecycle {
         Self {
             draining: AtomicBool::new(false),
             started: Instant::now(),
+            serving: watch::Sender::new(false),
         }
+    }
+
+    /// Records whether rules are loaded; readiness follows unless draining.
+    pub fn set_rules_loaded(&self, loaded: bool) {
+        // Decided under the channel's lock, so a drain in between cannot be undone.
+        self.serving.send_if_modified(|serving| {
+            let next = loaded && !self.is_draining();
+            std::mem::replace(serving, next) != next
+        });
+    }
+
+    /// Whether the service should receive traffic.
+    pub fn is_serving(&self) -> bool {
+        *self.serving.borrow()
+    }
+
+    /// Follows readiness changes.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.serving.subscribe()
     }
 
     /// Whether shutdown has begun.
@@ -81,8 +110,11 @@ impl Lifecycle {
         self.started.elapsed()
     }
 
-    fn start_draining(&self) {
+    /// Begins shutdown: readiness turns false at once and stays false.
+    pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.serving
+            .send_if_modified(|serving| std::mem::replace(serving, false));
     }
 }
 
@@ -99,6 +131,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let clock: Arc<dyn Clock> = SystemClock::shared();
+    let metrics = Arc::new(Metrics::new());
     match settings.store {
         StoreKind::Memory => {
             let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock.clone()));
@@ -110,9 +143,21 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let result = serve(listeners, settings, store, clock, shutdown).await;
+            let result = serve(listeners, settings, store, clock, metrics, shutdown).await;
             sweep.abort();
             result
+        }
+        StoreKind::Redis | StoreKind::RedisCluster | StoreKind::RedisSentinel => {
+            // Connects in the background: startup never waits for Redis.
+            let store = RedisStore::new(&settings.redis, metrics.clone())
+                .map_err(|error| ServerError::Store(error.to_string()))?;
+            tracing::info!(
+                store = store.kind(),
+                url = %mask_url(&settings.redis.url),
+                timeout = ?settings.redis.timeout,
+                "using redis"
+            );
+            serve(listeners, settings, store, clock, metrics, shutdown).await
         }
     }
 }
@@ -123,38 +168,52 @@ async fn serve<S: Store>(
     settings: Settings,
     store: S,
     clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
         tracing::info!(variable = %name, "reference setting has no meaning in Sluice; ignored");
     }
-    let metrics = Arc::new(Metrics::new());
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
     let limiter = Limiter::new(store, clock, settings.limiter, metrics.clone());
-    let service = Arc::new(Service::new(
+    let mut service = Service::new(
         limiter,
         rules.clone(),
         settings.response.clone(),
         settings.bounds,
         metrics.clone(),
-    ));
+    );
+    if settings.debug_endpoints {
+        service = service.with_debug_reports(Arc::new(DebugReports::new()));
+    }
+    let service = Arc::new(service);
     let lifecycle = Arc::new(Lifecycle::new());
     let (health, health_service) = tonic_health::server::health_reporter();
 
-    reload_once(&rules, &metrics, &health, &lifecycle).await;
+    let health_task = tokio::spawn(mirror_health(lifecycle.subscribe(), health.clone()));
+    let reloader = Reloader::new(
+        rules.clone(),
+        Arc::new(ReloadReporter {
+            rules: rules.clone(),
+            metrics: metrics.clone(),
+            lifecycle: lifecycle.clone(),
+        }),
+        WatchOptions {
+            rescan_interval: settings.reload_interval,
+            ..WatchOptions::default()
+        },
+    );
+    reloader.load_now().await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let reloader = tokio::spawn(reload_loop(
-        rules.clone(),
-        metrics.clone(),
-        health.clone(),
-        lifecycle.clone(),
-        settings.reload_interval,
-        stop_rx.clone(),
-    ));
+    let reloader = tokio::spawn(reloader.run(stop_rx.clone()));
 
-    let grpc_addr = listeners.grpc.local_addr().ok();
-    let http_addr = listeners.http.local_addr().ok();
+    let addr = |listener: &TcpListener| {
+        listener
+            .local_addr()
+            .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string())
+    };
+    let (grpc_addr, http_addr) = (addr(&listeners.grpc), addr(&listeners.http));
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let tls = match settings.grpc_tls.clone() {
@@ -176,7 +235,7 @@ async fn serve<S: Store>(
     });
     let http = axum::serve(listeners.http, admin::router(admin_state))
         .with_graceful_shutdown(wait_for(stop_rx.clone()));
-    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, config = %settings.config.display(), "sluice serving");
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, config = %settings.config.display(), "sluice serving");
 
     let drain_delay = settings.drain_delay;
     let drain_timeout = settings.drain_timeout;
@@ -188,6 +247,7 @@ async fn serve<S: Store>(
         drain_lifecycle.start_draining();
         set_health(&drain_health, false).await;
         tokio::time::sleep(drain_delay).await;
+        tracing::info!("listeners closing; waiting for in-flight calls");
         let _ = stop_tx.send(true);
         tokio::time::sleep(drain_timeout).await;
     };
@@ -211,69 +271,70 @@ async fn serve<S: Store>(
         }
     };
     reloader.abort();
+    health_task.abort();
     tracing::info!("sluice stopped");
     result
 }
 
-/// Loads the rules once, records the outcome, and updates health.
-async fn reload_once(
-    rules: &Arc<LiveRules>,
-    metrics: &Metrics,
-    health: &HealthReporter,
-    lifecycle: &Lifecycle,
-) {
-    // File I/O and compilation run off the async workers.
-    let task_rules = rules.clone();
-    let outcome = match tokio::task::spawn_blocking(move || task_rules.reload()).await {
-        Ok(outcome) => outcome,
-        Err(error) => {
-            tracing::error!(%error, "rule loading task failed");
-            return;
-        }
-    };
-    match outcome {
-        Ok(false) => {}
-        Ok(true) => {
-            metrics
-                .config_reloads
-                .get_or_create(&ResultLabel { result: "success" })
-                .inc();
-            if let Some(set) = rules.current() {
-                metrics.config_rules.set(set.rules.rule_count() as i64);
-                tracing::info!(version = set.version, rules = set.rules.rule_count(), hash = %set.hash, "rules loaded");
-            }
-        }
-        Err(errors) => {
-            metrics
-                .config_reloads
-                .get_or_create(&ResultLabel { result: "error" })
-                .inc();
-            for error in &errors {
-                tracing::error!(%error, "rules not loaded; previous rules keep serving");
-            }
-        }
-    }
-    let serving = rules.current().is_some() && !lifecycle.is_draining();
-    set_health(health, serving).await;
+/// Turns reload outcomes into metrics, logs and readiness.
+struct ReloadReporter {
+    /// The rules, to tell whether any are loaded.
+    rules: Arc<LiveRules>,
+    /// `sluice_config_reload_total`, `sluice_config_rules`.
+    metrics: Arc<Metrics>,
+    /// Readiness follows "rules loaded".
+    lifecycle: Arc<Lifecycle>,
 }
 
-/// Re-reads the rules every `interval` (content-hash compared) until stopped.
-async fn reload_loop(
-    rules: Arc<LiveRules>,
-    metrics: Arc<Metrics>,
-    health: HealthReporter,
-    lifecycle: Arc<Lifecycle>,
-    interval: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(50)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
+impl ReloadObserver for ReloadReporter {
+    fn reloaded(&self, outcome: &ReloadOutcome) {
+        match outcome {
+            ReloadOutcome::Unchanged => {}
+            ReloadOutcome::Loaded(set) => {
+                self.metrics
+                    .config_reloads
+                    .get_or_create(&ResultLabel { result: "success" })
+                    .inc();
+                self.metrics.config_rules.set(set.rules.rule_count() as i64);
+                tracing::info!(
+                    version = set.version,
+                    rules = set.rules.rule_count(),
+                    hash = %set.hash,
+                    "rules loaded"
+                );
+            }
+            ReloadOutcome::Failed { errors, repeated } => {
+                if !repeated {
+                    self.metrics
+                        .config_reloads
+                        .get_or_create(&ResultLabel { result: "error" })
+                        .inc();
+                    for error in errors {
+                        let (line, column) = error.position();
+                        tracing::error!(
+                            file = %error.file(),
+                            line,
+                            column,
+                            reason = %error.reason(),
+                            "rules not loaded; previous rules keep serving"
+                        );
+                    }
+                }
+            }
         }
-        reload_once(&rules, &metrics, &health, &lifecycle).await;
+        self.lifecycle
+            .set_rules_loaded(self.rules.current().is_some());
+    }
+}
+
+/// Mirrors readiness into the gRPC health service until the lifecycle is dropped.
+async fn mirror_health(mut serving: watch::Receiver<bool>, health: HealthReporter) {
+    loop {
+        let now = *serving.borrow_and_update();
+        set_health(&health, now).await;
+        if serving.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;
 use crate::service::{HeaderMode, RequestBounds, ResponseOptions};
+use crate::store::redis::{RedisMode, RedisOptions};
 use crate::telemetry::LogFormat;
 
 /// Sluice: a global rate limit service for Envoy.
@@ -83,9 +84,24 @@ pub struct ServeArgs {
     /// Admin HTTP listener [default: 0.0.0.0:8080, or HOST:PORT].
     #[arg(long, env = "SLUICE_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
-    /// Counter store.
-    #[arg(long, env = "SLUICE_STORE", value_enum, default_value_t = StoreKind::Memory)]
-    pub store: StoreKind,
+    /// Counter store [default: memory, or redis when REDIS_URL is set (REDIS_TYPE picks the kind)].
+    #[arg(long, env = "SLUICE_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+    /// Redis URL: `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds for a cluster [or REDIS_URL].
+    #[arg(long, env = "SLUICE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Deadline of one Redis store call.
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = humantime::parse_duration, default_value = "20ms")]
+    pub redis_timeout: Duration,
+    /// Longest time the Redis batcher waits for more checks.
+    #[arg(long, env = "SLUICE_REDIS_BATCH_WINDOW", value_parser = humantime::parse_duration, default_value = "100us")]
+    pub redis_batch_window: Duration,
+    /// Most checks in one Redis batch.
+    #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = 256)]
+    pub redis_batch_max: usize,
+    /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
+    #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]
+    pub redis_queue: usize,
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
     pub replicas: u32,
@@ -122,16 +138,22 @@ pub struct ServeArgs {
     /// When one descriptor would go over, charge no other descriptor of the request [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
     #[arg(long, env = "SLUICE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
     pub stop_increment_when_over_limit: Option<bool>,
-    /// How often the config path is re-read as a backstop to file events.
-    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    /// How often the config path is re-read (content-hash compared) as a backstop to
+    /// the file watcher.
+    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     pub reload_interval: Duration,
+    /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
+    /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT].
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
     pub drain_delay: Duration,
     /// After SIGTERM: longest wait for in-flight calls.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
-    /// Serve `POST /explain` and `/debug/*`, which show descriptor values (user ids, IPs).
+    /// Serve `POST /explain`, `/debug/shadow` and `/debug/hotkeys`, which show descriptor
+    /// values (user ids, IPs).
     #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
     pub debug_endpoints: bool,
     /// Most descriptors in one request.
@@ -146,6 +168,11 @@ pub struct ServeArgs {
     /// Largest gRPC request message, in bytes.
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Resolve the settings and validate the rules as `serve` would, print what
+    /// `sluice check` prints, then exit (0 when both are valid) without serving.
+    /// Used by deployment checks (the Helm chart test) to prove a container's arguments.
+    #[arg(long, hide = true)]
+    pub check_config_only: bool,
     /// gRPC TLS and mTLS.
     #[command(flatten)]
     pub tls: crate::listener::tls::TlsArgs,
@@ -157,6 +184,12 @@ pub enum StoreKind {
     /// In this process's memory (one instance).
     #[default]
     Memory,
+    /// One Redis node.
+    Redis,
+    /// A Redis Cluster (`--redis-url` lists seed nodes).
+    RedisCluster,
+    /// A Redis primary found through Sentinel.
+    RedisSentinel,
 }
 
 /// Everything `serve` needs, resolved.
@@ -172,6 +205,8 @@ pub struct Settings {
     pub store: StoreKind,
     /// Memory store capacity.
     pub memory_max_keys: usize,
+    /// How to reach Redis (used by the Redis store kinds).
+    pub redis: RedisOptions,
     /// Worker threads (`None`: one per core).
     pub workers: Option<usize>,
     /// Log format.
@@ -190,6 +225,8 @@ pub struct Settings {
     pub max_message_bytes: usize,
     /// Backstop rescan period.
     pub reload_interval: Duration,
+    /// Where traces are exported, if anywhere.
+    pub otlp_endpoint: Option<String>,
     /// Readiness-false period before closing listeners.
     pub drain_delay: Duration,
     /// Longest drain.
@@ -344,6 +381,48 @@ impl Settings {
         if let Some(value) = env("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
             parse_go_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &value)?;
         }
+        let redis_url = args.redis_url.clone().or_else(|| env("REDIS_URL"));
+        let store = match args.store {
+            Some(kind) => kind,
+            None if redis_url.is_some() => match env("REDIS_TYPE")
+                .unwrap_or_default()
+                .to_ascii_lowercase()
+                .as_str()
+            {
+                "" | "single" => StoreKind::Redis,
+                "cluster" => StoreKind::RedisCluster,
+                "sentinel" => StoreKind::RedisSentinel,
+                other => {
+                    return Err(error(
+                        "REDIS_TYPE",
+                        other,
+                        "expected SINGLE, SENTINEL or CLUSTER",
+                    ))
+                }
+            },
+            None => StoreKind::Memory,
+        };
+        if store != StoreKind::Memory && redis_url.is_none() {
+            return Err(error(
+                "redis-url",
+                "",
+                "a Redis store needs --redis-url (or REDIS_URL)",
+            ));
+        }
+        let redis = RedisOptions {
+            mode: match store {
+                StoreKind::RedisCluster => RedisMode::Cluster,
+                StoreKind::RedisSentinel => RedisMode::Sentinel,
+                _ => RedisMode::Standalone,
+            },
+            url: redis_url.unwrap_or_default(),
+            auth: env("REDIS_AUTH").filter(|auth| !auth.is_empty()),
+            tls: reference_bool("REDIS_TLS")?.unwrap_or(false),
+            timeout: args.redis_timeout,
+            batch_window: args.redis_batch_window,
+            batch_max: args.redis_batch_max,
+            queue: args.redis_queue,
+        };
         let ignored_env = IGNORED_REFERENCE_ENV
             .iter()
             .filter(|name| env(name).is_some())
@@ -353,8 +432,9 @@ impl Settings {
             config,
             grpc_addr,
             http_addr,
-            store: args.store,
+            store,
             memory_max_keys: args.memory_max_keys,
+            redis,
             workers: args.workers,
             log_format,
             log_level,
@@ -379,6 +459,7 @@ impl Settings {
             },
             max_message_bytes: args.max_message_bytes,
             reload_interval: args.reload_interval,
+            otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,

@@ -64,6 +64,13 @@ pub struct LayerLabel {
     pub layer: &'static str,
 }
 
+/// A store operation label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// `check` or `peek`.
+    pub op: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -95,7 +102,11 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
-    /// Store failures by kind.
+    /// Checks per Redis batch.
+    pub batch_size: Histogram,
+    /// Time of one store call (`op` = `check` or `peek`), queueing included.
+    pub store_durations: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Failed store calls by [`crate::store::StoreError::kind`].
     pub store_errors: Family<KindLabel, Counter>,
     /// Checks answered by a rule's failure mode because the store failed.
     pub store_fallbacks: Family<FallbackLabels, Counter>,
@@ -167,10 +178,21 @@ impl Metrics {
             "Decisions made without the store, per local layer",
             local_decisions.clone(),
         );
+        let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register("batch_size", "Checks per Redis batch", batch_size.clone());
+        let store_durations: Family<OpLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
+            });
+        registry.register(
+            "store_duration_seconds",
+            "Time of one store call",
+            store_durations.clone(),
+        );
         let store_errors = Family::default();
         registry.register(
             "store_errors",
-            "Store failures by kind",
+            "Failed store calls by kind",
             store_errors.clone(),
         );
         let store_fallbacks = Family::default();
@@ -181,6 +203,9 @@ impl Metrics {
         );
         Self {
             registry,
+            batch_size,
+            store_durations,
+            store_errors,
             rule_hits,
             requests,
             request_duration,
@@ -191,7 +216,6 @@ impl Metrics {
             config_rules,
             memory_evictions,
             local_decisions,
-            store_errors,
             store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
         }
@@ -243,7 +267,14 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    /// Counts one store failure.
+    /// Records the duration of one store call.
+    pub fn store_duration(&self, op: &'static str, elapsed: std::time::Duration) {
+        self.store_durations
+            .get_or_create(&OpLabel { op })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed store call.
     pub fn store_error(&self, kind: &'static str) {
         self.store_errors.get_or_create(&KindLabel { kind }).inc();
     }
@@ -290,11 +321,109 @@ pub enum LogFormat {
 /// Installs the global `tracing` subscriber; `level` is a filter such as `info` or
 /// `sluice=debug`. Does nothing if one is installed already (tests).
 pub fn init_logging(format: LogFormat, level: &str) {
+    drop(init(format, level, None));
+}
+
+/// Longest wait for the last traces at exit.
+#[cfg(feature = "otel")]
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps trace export running; dropping it flushes and stops the exporter.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    /// The OTLP tracer provider, when exporting.
+    #[cfg(feature = "otel")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(provider) = self.provider.take() {
+            if let Err(error) = provider.shutdown_with_timeout(FLUSH_TIMEOUT) {
+                tracing::warn!(%error, "flushing traces failed");
+            }
+        }
+    }
+}
+
+/// Installs logging (and, with the `otel` feature and an endpoint, OTLP trace export
+/// of the `rls.request` and `store.check` spans). Must run inside the tokio runtime
+/// when exporting: the tonic exporter's channel lives on it.
+pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> TelemetryGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let fmt = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
+    let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));
+    #[cfg(feature = "otel")]
+    {
+        let (layer, provider) = match otlp_endpoint.map(otel::layer) {
+            Some(Ok((layer, provider))) => (Some(layer), Some(provider)),
+            Some(Err(error)) => {
+                eprintln!("OTLP trace export disabled: {error}");
+                (None, None)
+            }
+            None => (None, None),
+        };
+        let _ = registry.with(layer).try_init();
+        TelemetryGuard { provider }
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let installed = registry.try_init().is_ok();
+        if installed && otlp_endpoint.is_some() {
+            tracing::warn!(
+                "--otlp-endpoint is set but this build has no `otel` feature; traces are not exported"
+            );
+        }
+        TelemetryGuard {}
+    }
+}
+
+/// OTLP export over gRPC (tonic).
+#[cfg(feature = "otel")]
+mod otel {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::WithExportConfig;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::Layer;
+
+    /// Spans exported: Sluice's request and store spans (debug level), whatever the
+    /// log filter says.
+    const EXPORT_FILTER: &str = "sluice=debug";
+
+    /// A layer exporting spans to `endpoint`, and the provider to flush on exit.
+    pub(super) fn layer<S>(
+        endpoint: &str,
+    ) -> Result<(Box<dyn Layer<S> + Send + Sync>, SdkTracerProvider), String>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|error| error.to_string())?;
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("sluice")
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("sluice");
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(tracing_subscriber::EnvFilter::new(EXPORT_FILTER))
+            .boxed();
+        Ok((layer, provider))
+    }
 }

@@ -4,6 +4,7 @@
 pub mod json;
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -44,10 +45,13 @@ pub fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
         .route("/metrics", get(metrics::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json_check::<S>))
+        .route("/debug/shadow", get(debug_shadow::<S>))
+        .route("/debug/hotkeys", get(debug_hotkeys::<S>))
         .with_state(state)
 }
 
-/// Whether the service should receive traffic: rules loaded and not draining.
+/// Whether the service should receive traffic: rules loaded and not draining. Store
+/// health is deliberately not part of it (per-rule failure modes handle an outage).
 fn ready<S: Store>(state: &AdminState<S>) -> bool {
     state.service.rules().current().is_some() && !state.lifecycle.is_draining()
 }
@@ -70,14 +74,16 @@ async fn readyz<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
     }
 }
 
+/// `/status`: versions, rules, the last reload, the store, uptime (DESIGN §1).
 async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let rules = state.service.rules();
     let current = rules.current();
     let report = rules.last_report();
-    let seconds = |time: std::time::SystemTime| {
-        time.duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
+    let time = |time: SystemTime| humantime::format_rfc3339_seconds(time).to_string();
+    let result = match (&report.changed_at, report.errors.is_empty()) {
+        (None, _) => None,
+        (Some(_), true) => Some("success"),
+        (Some(_), false) => Some("error"),
     };
     let body = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
@@ -90,18 +96,49 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             "version": current.as_ref().map(|set| set.version),
             "hash": current.as_ref().map(|set| set.hash.clone()),
             "count": current.as_ref().map(|set| set.rules.rule_count()),
-            "loaded_at_unix": current.as_ref().map(|set| seconds(set.loaded_at)),
-            "last_reload": {
-                "at_unix": report.at.map(seconds),
-                "result": if report.errors.is_empty() { "success" } else { "error" },
-                "errors": report.errors,
-            },
+            "loaded_at": current.as_ref().map(|set| time(set.loaded_at)),
+        },
+        "last_reload": {
+            "at": report.changed_at.map(time),
+            "checked_at": report.checked_at.map(time),
+            "result": result,
+            "error": report.errors.first().map(|e| e.message.clone()),
+            "errors": report.errors,
         },
         "store": {
             "kind": state.service.limiter().store().kind(),
+            // The memory store cannot fail; remote stores report here (and their
+            // breaker) once they exist.
+            "health": "ok",
+            "breaker": serde_json::Value::Null,
         },
     });
     axum::Json(body).into_response()
+}
+
+/// `/debug/shadow`: per shadow rule, the keys it would have refused.
+async fn debug_shadow<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    match state.service.debug_reports() {
+        Some(reports) => axum::Json(reports.shadow_json()).into_response(),
+        None => not_enabled(),
+    }
+}
+
+/// `/debug/hotkeys`: the top keys by recent rate.
+async fn debug_hotkeys<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    match state.service.debug_reports() {
+        Some(reports) => axum::Json(reports.hotkeys_json()).into_response(),
+        None => not_enabled(),
+    }
+}
+
+/// Debug endpoints show descriptor values: 404 unless `--debug-endpoints`.
+fn not_enabled() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "debug endpoints are off (serve --debug-endpoints)\n",
+    )
+        .into_response()
 }
 
 async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {

@@ -16,6 +16,9 @@ use moka::Expiry;
 use crate::algorithm::{Decision, Micros};
 use crate::store::{CounterKey, LimitCheck};
 
+/// Shortest real-time lifetime of an entry.
+const MIN_TTL: Duration = Duration::from_secs(1);
+
 /// Default number of keys the cache holds.
 pub const DEFAULT_CAPACITY: u64 = 100_000;
 
@@ -130,7 +133,9 @@ impl BlockedCache {
                 cost,
                 reset_at: now.saturating_add(decision.reset_after),
                 limit_index,
-                ttl: Duration::from_micros(decision.retry_after),
+                // Decisions compare `until` with the store's clock; the real-time TTL
+                // only frees memory, so a floor keeps short blocks from vanishing early.
+                ttl: Duration::from_micros(decision.retry_after).max(MIN_TTL),
             },
         );
     }

@@ -14,6 +14,8 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
@@ -257,7 +259,17 @@ impl<S: Store> Limiter<S> {
 
         let expected = checks.iter().map(|c| c.limits.len()).sum();
         let mut decisions = Vec::with_capacity(expected);
-        let answered = match self.store.check(&checks, &mut decisions).await {
+        let span = tracing::debug_span!(
+            "store.check",
+            store = self.store.kind(),
+            checks = checks.len()
+        );
+        let answered = match self
+            .store
+            .check(&checks, &mut decisions)
+            .instrument(span)
+            .await
+        {
             Ok(()) if decisions.len() != expected => Err(StoreError::Protocol(format!(
                 "store answered {} decisions for {expected} limits",
                 decisions.len()
@@ -265,7 +277,6 @@ impl<S: Store> Limiter<S> {
             other => other,
         };
         if let Err(error) = answered {
-            self.metrics.store_error(error.kind());
             decisions.clear();
             for (item, check) in pending.iter().zip(&checks) {
                 let mode = Fallback::mode(&item.rule);

@@ -81,4 +81,22 @@ impl ConfigError {
             Self::Io { path, .. } => path.display().to_string(),
         }
     }
+
+    /// Line and column (1-based) of the error, when the YAML parser gave them.
+    pub fn position(&self) -> (Option<u64>, Option<u64>) {
+        match self {
+            Self::Yaml { line, column, .. } => (*line, *column),
+            _ => (None, None),
+        }
+    }
+
+    /// Why the load failed, without the file name (the YAML path is kept).
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Yaml { message, .. } => format!("error loading config file: {message}"),
+            Self::Reference { message, .. } => message.clone(),
+            Self::Sluice { path, message, .. } => format!("{path}: {message}"),
+            Self::Io { source, .. } => source.to_string(),
+        }
+    }
 }

@@ -1,5 +1,10 @@
 //! The live rule set: an immutable [`RuleSet`] swapped atomically on reload. Requests
 //! in flight keep the snapshot they started with; a failed load keeps the old one.
+//!
+//! A load compiles every file or none: an error in one file keeps the whole previous
+//! set. Content is compared by hash, so re-reading unchanged files (the periodic rescan)
+//! costs a read and a hash, never a compile, and a bad edit is reported once, not on
+//! every rescan.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,13 +29,47 @@ pub struct RuleSet {
     pub loaded_at: SystemTime,
 }
 
-/// The outcome of the last load attempt, for `/status`.
+/// What one load attempt did.
+#[derive(Debug)]
+pub enum ReloadOutcome {
+    /// The files are as last seen (loaded or rejected): nothing changed.
+    Unchanged,
+    /// A new rule set was compiled and swapped in.
+    Loaded(Arc<RuleSet>),
+    /// The files could not be loaded; the previous rule set (if any) keeps serving.
+    Failed {
+        /// Every error found, in file order.
+        errors: Vec<ConfigError>,
+        /// The same errors as the previous attempt (a rescan of still-broken files):
+        /// already reported.
+        repeated: bool,
+    },
+}
+
+/// One load error, in the shape `/status` shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LoadErrorInfo {
+    /// The file (relative to the config path) or path the error is about.
+    pub file: String,
+    /// 1-based line, when the parser knows it.
+    pub line: Option<u64>,
+    /// 1-based column, when the parser knows it.
+    pub column: Option<u64>,
+    /// Why, without the file name.
+    pub reason: String,
+    /// The full message as logged.
+    pub message: String,
+}
+
+/// The outcome of load attempts, for `/status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// When the attempt ran.
-    pub at: Option<SystemTime>,
-    /// The errors (file, path, reason), empty on success.
-    pub errors: Vec<String>,
+    /// When the config path was last read, whatever the outcome.
+    pub checked_at: Option<SystemTime>,
+    /// When new content was last loaded or rejected.
+    pub changed_at: Option<SystemTime>,
+    /// The errors of the last attempt on new content; empty after a success.
+    pub errors: Vec<LoadErrorInfo>,
 }
 
 /// The rule set requests read, and how it was last loaded.
@@ -44,11 +83,9 @@ pub struct LiveRules {
     current: ArcSwapOption<RuleSet>,
     /// Version of the next successful load.
     next_version: AtomicU64,
-    /// The last attempt's outcome.
-    last: Mutex<LoadReport>,
-    /// Content hash of the last files that failed to load: unchanged bad files are not
-    /// reloaded (nor re-reported) on every rescan.
-    failed_hash: Mutex<Option<String>>,
+    /// The last attempts' outcome, and the hash of the content last compiled (loaded
+    /// or rejected), so unchanged content is not compiled or reported again.
+    last: Mutex<(LoadReport, Option<String>)>,
 }
 
 impl LiveRules {
@@ -59,8 +96,7 @@ impl LiveRules {
             options,
             current: ArcSwapOption::empty(),
             next_version: AtomicU64::new(1),
-            last: Mutex::new(LoadReport::default()),
-            failed_hash: Mutex::new(None),
+            last: Mutex::new((LoadReport::default(), None)),
         }
     }
 
@@ -74,55 +110,87 @@ impl LiveRules {
         self.current.load_full()
     }
 
-    /// Reads, validates and compiles the files at the config path. On success the new
-    /// set replaces the old one (returns `Ok(true)`, or `Ok(false)` when the content
-    /// hash is unchanged and nothing was swapped); on failure the old set stays.
-    pub fn reload(&self) -> Result<bool, Vec<ConfigError>> {
-        let mut failed_hash = lock(&self.failed_hash);
-        let outcome = read_config_path(&self.path)
-            .map_err(|error| vec![error])
-            .and_then(|files| {
-                let hash = content_hash(&files);
-                if self.current().is_some_and(|set| set.hash == hash)
-                    || failed_hash.as_deref() == Some(hash.as_str())
-                {
-                    return Ok(None);
-                }
-                Rules::compile(&files, &self.options)
-                    .map(|rules| Some((rules, hash.clone())))
-                    .inspect_err(|_| *failed_hash = Some(hash))
-            });
-        drop(failed_hash);
+    /// Reads, validates and compiles the files at the config path (blocking: call it
+    /// off the async workers). New content that compiles replaces the active set; any
+    /// error keeps it. Unchanged content is neither compiled nor reported again.
+    pub fn reload(&self) -> ReloadOutcome {
+        let read = read_config_path(&self.path).map(|files| {
+            let hash = content_hash(&files);
+            (files, hash)
+        });
         let mut last = self
             .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        last.at = Some(now());
-        match outcome {
-            Ok(None) => Ok(false),
-            Ok(Some((rules, hash))) => {
-                last.errors.clear();
-                *lock(&self.failed_hash) = None;
+        let (report, last_hash) = &mut *last;
+        let now = now();
+        report.checked_at = Some(now);
+        let (files, hash) = match read {
+            Ok(read) => read,
+            Err(error) => {
+                let errors = vec![error];
+                let infos = infos(&errors);
+                let repeated = last_hash.is_none() && report.errors == infos;
+                if !repeated {
+                    report.changed_at = Some(now);
+                }
+                report.errors = infos;
+                *last_hash = None;
+                return ReloadOutcome::Failed { errors, repeated };
+            }
+        };
+        if last_hash.as_deref() == Some(hash.as_str()) {
+            return ReloadOutcome::Unchanged;
+        }
+        report.changed_at = Some(now);
+        *last_hash = Some(hash.clone());
+        match Rules::compile(&files, &self.options) {
+            Ok(rules) => {
+                report.errors.clear();
                 let version = self.next_version.fetch_add(1, Ordering::SeqCst);
-                self.current.store(Some(Arc::new(RuleSet {
+                let set = Arc::new(RuleSet {
                     rules,
                     version,
                     hash,
-                    loaded_at: now(),
-                })));
-                Ok(true)
+                    loaded_at: now,
+                });
+                self.current.store(Some(set.clone()));
+                ReloadOutcome::Loaded(set)
             }
             Err(errors) => {
-                last.errors = errors.iter().map(ToString::to_string).collect();
-                Err(errors)
+                report.errors = infos(&errors);
+                ReloadOutcome::Failed {
+                    errors,
+                    repeated: false,
+                }
             }
         }
     }
 
-    /// The last load attempt's outcome.
+    /// The last load attempts' outcome.
     pub fn last_report(&self) -> LoadReport {
-        lock(&self.last).clone()
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .clone()
     }
+}
+
+fn infos(errors: &[ConfigError]) -> Vec<LoadErrorInfo> {
+    errors
+        .iter()
+        .map(|error| {
+            let (line, column) = error.position();
+            LoadErrorInfo {
+                file: error.file(),
+                line,
+                column,
+                reason: error.reason(),
+                message: error.to_string(),
+            }
+        })
+        .collect()
 }
 
 /// Hash over file names and contents, in load order.
@@ -147,9 +215,56 @@ fn now() -> SystemTime {
     SystemTime::now()
 }
 
-/// Locks a mutex whose data stays valid even if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str =
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+    #[test]
+    fn reports_each_new_content_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("rules.yaml");
+        let rules = LiveRules::new(dir.path(), LoadOptions::default());
+        std::fs::write(&file, GOOD).expect("write");
+        assert!(matches!(rules.reload(), ReloadOutcome::Loaded(set) if set.version == 1));
+        assert!(matches!(rules.reload(), ReloadOutcome::Unchanged));
+
+        std::fs::write(
+            &file,
+            "domain: a\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed {
+                repeated: false,
+                ..
+            }
+        ));
+        // Still broken, same content: not compiled or reported again.
+        assert!(matches!(rules.reload(), ReloadOutcome::Unchanged));
+        assert_eq!(rules.last_report().errors.len(), 1);
+        assert_eq!(rules.current().map(|set| set.version), Some(1));
+
+        std::fs::remove_dir_all(dir.path()).expect("remove");
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed {
+                repeated: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            rules.reload(),
+            ReloadOutcome::Failed { repeated: true, .. }
+        ));
+
+        std::fs::create_dir(dir.path()).expect("re-create");
+        std::fs::write(&file, GOOD).expect("write");
+        // The same content as the active set, but after failures: loaded again.
+        assert!(matches!(rules.reload(), ReloadOutcome::Loaded(set) if set.version == 2));
+        assert!(rules.last_report().errors.is_empty());
+    }
 }

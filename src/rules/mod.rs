@@ -3,7 +3,9 @@
 //! [`read_config_path`] reads rule files, [`Rules::compile`] validates them exactly as
 //! envoyproxy/ratelimit does (same whitelist, same messages, plus Sluice's extensions)
 //! and builds an immutable index, and [`Rules::lookup`] turns one request descriptor into
-//! the rule that applies to it. Nothing here touches counters, clocks or the network.
+//! the rule that applies to it. [`live`] holds the rule set in force and swaps it whole;
+//! [`watch`] reloads it when files change. Nothing here touches counters, clocks or the
+//! network.
 
 mod compile;
 mod error;
@@ -13,6 +15,7 @@ pub mod live;
 mod load;
 mod model;
 mod schema;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;

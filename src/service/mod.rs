@@ -2,14 +2,17 @@
 //! live rules, and assembles the answer. Shared by the gRPC endpoint and `POST /json`.
 //! Error-to-status mapping lives in [`errors`] alone.
 
+pub mod debug;
 pub mod errors;
 pub mod request;
 pub mod response;
+pub mod sketch;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::limiter::explain::Explanation;
 use crate::limiter::{Limiter, LimiterError};
@@ -18,6 +21,7 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::live::LiveRules;
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use debug::DebugReports;
 pub use errors::ServiceError;
 pub use request::RequestBounds;
 pub use response::{HeaderMode, ResponseOptions};
@@ -34,6 +38,8 @@ pub struct Service<S> {
     bounds: RequestBounds,
     /// Call-level statistics.
     metrics: Arc<Metrics>,
+    /// Shadow and hot-key reports, when `--debug-endpoints` is on.
+    debug: Option<Arc<DebugReports>>,
 }
 
 // === impl Service ===
@@ -53,7 +59,19 @@ impl<S: Store> Service<S> {
             options,
             bounds,
             metrics,
+            debug: None,
         }
+    }
+
+    /// Records the debug reports (`/debug/shadow`, `/debug/hotkeys`) into `reports`.
+    pub fn with_debug_reports(mut self, reports: Arc<DebugReports>) -> Self {
+        self.debug = Some(reports);
+        self
+    }
+
+    /// The debug reports, when enabled.
+    pub fn debug_reports(&self) -> Option<&Arc<DebugReports>> {
+        self.debug.as_ref()
     }
 
     /// The limiter (and through it the store).
@@ -72,7 +90,12 @@ impl<S: Store> Service<S> {
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = Instant::now();
-        let result = self.decide(request).await;
+        let span = tracing::debug_span!(
+            "rls.request",
+            domain = %request.domain,
+            descriptors = request.descriptors.len(),
+        );
+        let result = self.decide(request).instrument(span).await;
         self.metrics
             .request_duration
             .observe(started.elapsed().as_secs_f64());
@@ -103,6 +126,9 @@ impl<S: Store> Service<S> {
             .check(&rule_set.rules, &check)
             .await
             .map_err(|LimiterError::Store(error)| ServiceError::Store(error))?;
+        if let Some(debug) = &self.debug {
+            debug.observe(&check, &verdicts, self.options.global_shadow_mode);
+        }
         let built = response::build(&check, &verdicts, &self.options);
         if built.shadowed {
             self.metrics.global_shadow_mode.inc();

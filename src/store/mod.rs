@@ -1,9 +1,10 @@
-//! Counter stores: where algorithm state lives. [`memory`] is the default; Redis comes
-//! later behind the same [`Store`] trait. A store knows keys, algorithms and time; it
+//! Counter stores: where algorithm state lives. [`memory`] is the default; [`redis`]
+//! shares counters between instances behind the same [`Store`] trait. A store knows keys, algorithms and time; it
 //! knows nothing of rules, requests or responses.
 
 pub mod key;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 
@@ -31,7 +32,7 @@ pub struct StoreCheck {
 }
 
 /// Errors a store reports. Every store error is answered by the rule's failure mode.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store did not answer within its deadline.
     #[error("store call timed out after {0:?}")]

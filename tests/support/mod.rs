@@ -2,6 +2,8 @@
 //! metric lookups by the reference's stat names.
 #![allow(dead_code, missing_docs)]
 
+pub mod redis;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,14 +40,11 @@ impl TestServer {
             write_file(config_dir.path(), name, text);
         }
         let dir = config_dir.path().to_string_lossy().into_owned();
-        let mut argv = vec![
-            "sluice",
-            "serve",
-            "--config",
-            dir.as_str(),
-            "--reload-interval",
-            "100ms",
-        ];
+        let mut argv = vec!["sluice", "serve", "--config", dir.as_str()];
+        // A fast rescan backstop unless the test sets its own.
+        if !flags.contains(&"--reload-interval") {
+            argv.extend_from_slice(&["--reload-interval", "100ms"]);
+        }
         argv.extend_from_slice(flags);
         let settings = settings_from(&argv, env);
         let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")

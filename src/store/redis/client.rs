@@ -1,0 +1,272 @@
+//! The fred client: configuration from our settings, and fred errors classed into
+//! [`StoreError`]s.
+//!
+//! fred's defaults are wrong for a rate limiter and are all set here: a reconnect policy
+//! (forever, with capped exponential backoff, so a Redis outage heals by itself), a
+//! command timeout (`--redis-timeout`), and `max_command_attempts = 1`, so a script call
+//! that was in flight when a connection dropped is failed, never re-sent (a re-sent
+//! charge would count twice). The connection is made in the background: startup never
+//! waits for Redis, and calls made while it is down fail with a timeout.
+
+use std::time::Duration;
+
+use fred::error::{Error as FredError, ErrorKind};
+use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy, Server, ServerConfig};
+
+use crate::store::StoreError;
+
+/// Which Redis deployment the URL points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedisMode {
+    /// One node.
+    Standalone,
+    /// A Redis Cluster; the URL lists seed nodes.
+    Cluster,
+    /// A primary found through Sentinel.
+    Sentinel,
+}
+
+/// How to reach Redis. Its `Debug` masks credentials.
+#[derive(Clone)]
+pub struct RedisOptions {
+    /// Deployment kind.
+    pub mode: RedisMode,
+    /// `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds
+    /// for a cluster (bare `host:port` items are accepted). For Sentinel, either a fred
+    /// sentinel URL (`?sentinelServiceName=`) or the reference's `name,host:port,...`.
+    pub url: String,
+    /// Password, or `user:password` (the reference's `REDIS_AUTH`), for URLs without one.
+    pub auth: Option<String>,
+    /// Use TLS for items without a scheme (the reference's `REDIS_TLS`).
+    pub tls: bool,
+    /// Deadline of one store call.
+    pub timeout: Duration,
+    /// Longest time the batcher waits for more checks.
+    pub batch_window: Duration,
+    /// Most checks in one batch.
+    pub batch_max: usize,
+    /// Most calls waiting for the batcher; beyond it calls fail at once.
+    pub queue: usize,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("mode", &self.mode)
+            .field("url", &mask_url(&self.url))
+            .field("auth", &self.auth.as_ref().map(|_| "*****"))
+            .field("tls", &self.tls)
+            .field("timeout", &self.timeout)
+            .field("batch_window", &self.batch_window)
+            .field("batch_max", &self.batch_max)
+            .field("queue", &self.queue)
+            .finish()
+    }
+}
+
+/// Builds and starts (in the background) a client for `options`.
+pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
+    let config = config(options)?;
+    let timeout = options.timeout;
+    let client = Builder::from_config(config)
+        .with_performance_config(|perf| perf.default_command_timeout = timeout)
+        .with_connection_config(|conn| {
+            conn.max_command_attempts = 1;
+            conn.connection_timeout = Duration::from_secs(2);
+            conn.internal_command_timeout = Duration::from_secs(2);
+            conn.max_redirections = 5;
+            conn.tcp.nodelay = Some(true);
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+        .build()
+        .map_err(|e| StoreError::Protocol(format!("redis configuration: {}", e.details())))?;
+    // Spawns the connection task; it retries in the background per the policy.
+    let _task = client.connect();
+    Ok(client)
+}
+
+/// fred configuration for `options`.
+fn config(options: &RedisOptions) -> Result<Config, StoreError> {
+    let bad = |reason: String| StoreError::Protocol(format!("redis url: {reason}"));
+    let scheme = if options.tls { "rediss" } else { "redis" };
+    let items: Vec<String> = options
+        .url
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            if item.contains("://") {
+                item.to_owned()
+            } else {
+                format!("{scheme}://{item}")
+            }
+        })
+        .collect();
+    let first = items
+        .first()
+        .ok_or_else(|| bad("empty --redis-url".into()))?;
+    let mut config = match options.mode {
+        RedisMode::Standalone => Config::from_url_centralized(first),
+        RedisMode::Cluster => Config::from_url_clustered(first),
+        RedisMode::Sentinel if first.contains("sentinelServiceName") => {
+            Config::from_url_sentinel(first)
+        }
+        RedisMode::Sentinel => {
+            // The reference's form: `service,host:port,host:port`.
+            let service = options.url.split(',').next().unwrap_or_default().trim();
+            let hosts = items[1..]
+                .iter()
+                .map(|item| parse_host(item))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut config = Config::from_url_centralized(items.get(1).unwrap_or(first))
+                .map_err(|e| bad(e.details().to_owned()))?;
+            config.server = ServerConfig::Sentinel {
+                hosts,
+                service_name: service.to_owned(),
+            };
+            Ok(config)
+        }
+    }
+    .map_err(|e| bad(e.details().to_owned()))?;
+    if options.mode == RedisMode::Cluster {
+        if let ServerConfig::Clustered { hosts, .. } = &mut config.server {
+            for item in &items[1..] {
+                hosts.push(parse_host(item)?);
+            }
+        }
+    }
+    if config.password.is_none() {
+        if let Some(auth) = &options.auth {
+            match auth.split_once(':') {
+                Some((user, password)) => {
+                    config.username = Some(user.to_owned());
+                    config.password = Some(password.to_owned());
+                }
+                None => config.password = Some(auth.clone()),
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// `host:port` of a URL item.
+fn parse_host(item: &str) -> Result<Server, StoreError> {
+    let rest = item.split_once("://").map_or(item, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    let rest = rest.split(['/', '?']).next().unwrap_or_default();
+    let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "6379"));
+    let port = port
+        .parse()
+        .map_err(|_| StoreError::Protocol(format!("redis url: bad port in {}", mask_url(item))))?;
+    Ok(Server::new(host, port))
+}
+
+/// Classes a fred error; `timeout` is the deadline that applied.
+pub fn classify(error: &FredError, timeout: Duration) -> StoreError {
+    match error.kind() {
+        ErrorKind::Timeout => StoreError::Timeout(timeout),
+        ErrorKind::IO
+        | ErrorKind::Canceled
+        | ErrorKind::Cluster
+        | ErrorKind::Routing
+        | ErrorKind::Backpressure
+        | ErrorKind::Sentinel
+        | ErrorKind::Auth
+        | ErrorKind::Tls => {
+            StoreError::Unavailable(format!("{:?}: {}", error.kind(), error.details()))
+        }
+        // A redirected (MOVED/ASK) or re-routed call: fred counts it as a second write
+        // attempt, which we forbid; it did not run, so it is safe to report as an outage.
+        _ if error
+            .details()
+            .starts_with("Too many failed write attempts") =>
+        {
+            StoreError::Unavailable(error.details().to_owned())
+        }
+        _ if is_transient_reply(error.details()) => {
+            StoreError::Unavailable(error.details().to_owned())
+        }
+        _ => StoreError::Protocol(format!("{:?}: {}", error.kind(), error.details())),
+    }
+}
+
+/// Redis replies that say "not now" rather than "never".
+fn is_transient_reply(details: &str) -> bool {
+    [
+        "LOADING",
+        "BUSY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MASTERDOWN",
+        "READONLY",
+        "NOSCRIPT",
+    ]
+    .iter()
+    .any(|prefix| details.starts_with(prefix))
+}
+
+/// Whether the error is Redis saying it does not know the script (after a restart or
+/// a failover): load it and run it again.
+pub fn is_noscript(error: &FredError) -> bool {
+    error.details().starts_with("NOSCRIPT")
+}
+
+/// A URL (or comma-separated URLs) with credentials replaced by `*****`:
+/// `redis://foo:bar@redis:6379` → `redis://*****@redis:6379`.
+pub fn mask_url(url: &str) -> String {
+    url.split(',')
+        .map(|item| match item.rsplit_once('@') {
+            Some((before, after)) => {
+                let scheme_end = before.find("://").map_or(0, |i| i + 3);
+                format!("{}*****@{after}", &before[..scheme_end])
+            }
+            None => item.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether the client's connection is up (for `/status`).
+pub fn is_connected(client: &Client) -> bool {
+    client.is_connected()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_credentials() {
+        assert_eq!(
+            mask_url("redis://foo:bar@redis:6379"),
+            "redis://*****@redis:6379"
+        );
+        assert_eq!(
+            mask_url("rediss://u:p@a:1,redis://b:2,c:3"),
+            "rediss://*****@a:1,redis://b:2,c:3"
+        );
+        assert_eq!(mask_url("secret@host:1"), "*****@host:1");
+        assert_eq!(mask_url("redis://host:1/0"), "redis://host:1/0");
+    }
+
+    #[test]
+    fn cluster_seeds_and_auth() {
+        let options = RedisOptions {
+            mode: RedisMode::Cluster,
+            url: "a:7000,b:7001".into(),
+            auth: Some("user:pw".into()),
+            tls: false,
+            timeout: Duration::from_millis(20),
+            batch_window: Duration::from_micros(100),
+            batch_max: 256,
+            queue: 1024,
+        };
+        let config = config(&options).expect("config");
+        assert_eq!(config.username.as_deref(), Some("user"));
+        assert_eq!(config.password.as_deref(), Some("pw"));
+        let ServerConfig::Clustered { hosts, .. } = config.server else {
+            panic!("not clustered");
+        };
+        assert_eq!(hosts.len(), 2);
+    }
+}

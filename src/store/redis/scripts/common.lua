@@ -1,0 +1,69 @@
+-- Sluice: helpers shared by every algorithm (mirror of src/algorithm/mod.rs).
+-- Numbers are doubles; every timestamp and count stays below 2^53, so integer
+-- arithmetic here is exact, and each + - * / is one correctly rounded operation.
+local floor, ceil, fmod = math.floor, math.ceil, math.fmod
+local TWO53 = 9007199254740992
+
+-- `x` rounded toward zero, NaN and negatives giving 0 (Rust `x as u64`).
+local function to_u64(x)
+  if x ~= x or x <= 0 then return 0 end
+  return floor(x)
+end
+
+-- Rust `a.saturating_sub(b)` for integers.
+local function sat_sub(a, b)
+  if a > b then return a - b end
+  return 0
+end
+
+-- Integer division and remainder, exact for integers below 2^53.
+local function idiv(a, b)
+  local r = fmod(a, b)
+  return (a - r) / b, r
+end
+
+-- Smallest d with pass(d), for a monotone predicate (src/algorithm/mod.rs `earliest`).
+local function earliest(guess, pass)
+  local lo, hi, step = 0, guess, 1
+  while not pass(hi) do
+    if hi >= TWO53 then return hi end
+    lo = hi + 1
+    hi = hi + step
+    step = step * 2
+  end
+  step = 1
+  while hi > lo do
+    local probe = hi - step
+    if probe < lo then probe = lo end
+    if pass(probe) then
+      hi = probe
+      step = step * 2
+    else
+      lo = probe + 1
+      break
+    end
+  end
+  while lo < hi do
+    local mid = lo + floor((hi - lo) / 2)
+    if pass(mid) then hi = mid else lo = mid + 1 end
+  end
+  return hi
+end
+
+-- Decision.invalid_quota
+local function invalid_quota(cost, q)
+  local retry = q.period
+  if retry < 1 then retry = 1 end
+  return { false, 0, 0, retry, cost }
+end
+
+local function is_invalid(q)
+  return q.limit == 0 or q.period == 0
+end
+
+-- Encodes an integer exactly (tostring would print only 14 digits).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local ALGOS = {}

@@ -1,0 +1,25 @@
+-- Fixed window (mirror of src/algorithm/fixed_window.rs). State: {ws, count}.
+ALGOS[1] = {
+  tag = 'f',
+  fresh = function() return { ws = 0, count = 0 } end,
+  decode = function(fields) return { ws = tonumber(fields[1]), count = tonumber(fields[2]) } end,
+  encode = function(s) return int(s.ws) .. ' ' .. int(s.count) end,
+  decide = function(s, now, cost, q)
+    if is_invalid(q) then return invalid_quota(cost, q), s, false end
+    local ws = now - fmod(now, q.period)
+    if s.ws > ws then ws = s.ws end
+    local count = 0
+    if ws == s.ws then count = s.count end
+    local reset_after = sat_sub(ws + q.period, now)
+    local count_after = count + cost
+    local allowed = count_after <= q.limit
+    local remaining, retry = 0, reset_after
+    if allowed then remaining = q.limit - count_after; retry = 0 end
+    local d = { allowed, remaining, reset_after, retry, count_after }
+    if cost > 0 and (allowed or not q.stop) then
+      return d, { ws = ws, count = count_after }, true
+    end
+    return d, s, false
+  end,
+  expires_at = function(s, q) return s.ws + q.period end,
+}

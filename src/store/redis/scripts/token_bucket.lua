@@ -1,0 +1,66 @@
+-- Token bucket (mirror of src/algorithm/token_bucket.rs). State: {deficit, last};
+-- the deficit is a double, stored with 17 significant digits (exact round trip).
+local function tb_deficit_at(s, now, q)
+  local elapsed = sat_sub(now, s.last)
+  local refill = elapsed * q.limit / q.period
+  local deficit = s.deficit - refill
+  if deficit < 0 then deficit = 0 end
+  return deficit
+end
+
+local function tb_fits(deficit, cost, q)
+  return deficit + cost <= q.burst
+end
+
+local function tb_guess(s, now, tokens, q)
+  local skew = sat_sub(s.last, now)
+  local wait = ceil(tokens * q.period / q.limit)
+  return skew + to_u64(wait)
+end
+
+ALGOS[4] = {
+  tag = 't',
+  fresh = function() return { deficit = 0, last = 0 } end,
+  decode = function(f) return { deficit = tonumber(f[1]), last = tonumber(f[2]) } end,
+  encode = function(s) return string.format('%.17g', s.deficit) .. ' ' .. int(s.last) end,
+  decide = function(s, now, cost, q)
+    if is_invalid(q) then return invalid_quota(cost, q), s, false end
+    local deficit = tb_deficit_at(s, now, q)
+    local allowed = tb_fits(deficit, cost, q)
+    local next, changed = s, false
+    if allowed and cost > 0 then
+      local last = now
+      if s.last > last then last = s.last end
+      next, changed = { deficit = deficit + cost, last = last }, true
+    end
+    local retry = 0
+    if not allowed then
+      if cost > q.burst then
+        local fill = q.burst * q.period / q.limit
+        retry = to_u64(ceil(fill))
+        if retry < 1 then retry = 1 end
+      else
+        local missing = deficit + cost - q.burst
+        retry = earliest(tb_guess(s, now, missing, q), function(d)
+          return tb_fits(tb_deficit_at(s, now + d, q), cost, q)
+        end)
+      end
+    end
+    local deficit_after = deficit
+    if changed then deficit_after = next.deficit end
+    local reset_after = earliest(tb_guess(next, now, deficit_after, q), function(d)
+      return tb_deficit_at(next, now + d, q) <= 0
+    end)
+    local remaining = 0
+    if allowed then remaining = to_u64(floor(q.burst - deficit_after)) end
+    local d = { allowed, remaining, reset_after, retry, to_u64(ceil(deficit + cost)) }
+    return d, next, changed
+  end,
+  expires_at = function(s, q)
+    if is_invalid(q) or s.deficit <= 0 then return s.last end
+    local full = earliest(tb_guess(s, s.last, s.deficit, q), function(d)
+      return tb_deficit_at(s, s.last + d, q) <= 0
+    end)
+    return s.last + full
+  end,
+}

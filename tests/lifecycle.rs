@@ -1,0 +1,232 @@
+//! Graceful shutdown of the real binary: on SIGTERM readiness turns false at once, calls
+//! keep being answered through the drain delay, no call fails except by a clean refusal
+//! once the listener is closed, and the process exits 0 within the drain timeout.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice::proto::common::rate_limit_descriptor::Entry;
+use sluice::proto::common::RateLimitDescriptor;
+use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::rls::RateLimitRequest;
+
+const DRAIN_DELAY: Duration = Duration::from_secs(1);
+
+/// The sluice process, killed on drop.
+struct Sluice(Child);
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One call's outcome.
+struct Call {
+    started: Instant,
+    result: Result<(), tonic::Status>,
+}
+
+fn request(n: u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "life".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: format!("v{}", n % 50),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Starts `sluice serve` on port 0 and reads the addresses from its JSON log.
+fn start(config: &std::path::Path) -> (Sluice, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .args([
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sluice");
+    let stdout = child.stdout.take().expect("stdout");
+    let sluice = Sluice(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
+                panic!("--log-format json wrote a non-JSON line: {line}");
+            };
+            let fields = &json["fields"];
+            if fields["message"] == "sluice serving" {
+                let addr = |name: &str| fields[name].as_str().unwrap_or_default().to_owned();
+                let _ = tx.send((addr("grpc"), addr("http")));
+            }
+            eprintln!("sluice: {line}");
+        }
+    });
+    let (grpc, http) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("sluice logged its addresses");
+    (sluice, grpc, http)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_without_failing_a_call() {
+    let config = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        config.path().join("rules.yaml"),
+        "domain: life\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
+    )
+    .expect("write rules");
+    let (mut sluice, grpc, http) = start(config.path());
+    let readyz = format!("http://{http}/readyz");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reqwest::get(&readyz)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let calls = Arc::new(Mutex::new(Vec::<Call>::new()));
+    let mut callers = Vec::new();
+    for worker in 0..4u64 {
+        let (calls, grpc) = (calls.clone(), grpc.clone());
+        callers.push(tokio::spawn(async move {
+            let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .expect("connect");
+            let mut n = worker;
+            let mut failures_in_a_row = 0;
+            while failures_in_a_row < 20 {
+                n += 4;
+                let started = Instant::now();
+                let result = client.should_rate_limit(request(n)).await.map(|_| ());
+                failures_in_a_row = if result.is_ok() {
+                    0
+                } else {
+                    failures_in_a_row + 1
+                };
+                if result.is_err() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                calls.lock().expect("calls").push(Call { started, result });
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let pid = sluice.0.id().to_string();
+    let term_sent = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+
+    // Readiness turns false at once (the admin port stays open for the drain delay).
+    loop {
+        let status = reqwest::get(&readyz)
+            .await
+            .map(|r| r.status().as_u16())
+            .ok();
+        if status == Some(503) {
+            break;
+        }
+        assert_eq!(
+            status,
+            Some(200),
+            "admin port closed before readiness turned false"
+        );
+        assert!(
+            term_sent.elapsed() < Duration::from_millis(500),
+            "readiness still true {:?} after SIGTERM",
+            term_sent.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let not_ready_after = term_sent.elapsed();
+
+    let exit = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = sluice.0.try_wait().expect("wait") {
+                return (status, term_sent.elapsed());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .expect("wait task");
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+
+    let calls = calls.lock().expect("calls");
+    let before_close = term_sent + DRAIN_DELAY - Duration::from_millis(100);
+    let mut ok = 0;
+    let mut refused = 0;
+    for call in calls.iter() {
+        match &call.result {
+            Ok(()) => ok += 1,
+            Err(status) => {
+                assert!(
+                    call.started >= before_close,
+                    "a call started {:?} after SIGTERM (during the drain delay) failed: {status:?}",
+                    call.started.saturating_duration_since(term_sent)
+                );
+                // Refusals: no connection (Unavailable), or a call the client had queued
+                // on a connection the server closed after GOAWAY, never sent (hyper's
+                // "connection closed" cancellation).
+                let never_sent = status.code() == tonic::Code::Cancelled
+                    && format!("{status:?}").contains("connection closed");
+                assert!(
+                    status.code() == tonic::Code::Unavailable || never_sent,
+                    "a call failed other than by a refused connection: {status:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    let during_drain = calls
+        .iter()
+        .filter(|c| c.started > term_sent && c.started < before_close && c.result.is_ok())
+        .count();
+    eprintln!(
+        "not ready {not_ready_after:?} after SIGTERM; exit {:?} after {:?}; {ok} calls answered ({during_drain} during the drain delay), {refused} refused after close",
+        exit.0, exit.1
+    );
+    assert!(exit.0.success(), "exit status {:?}", exit.0);
+    assert!(
+        exit.1 < DRAIN_DELAY + Duration::from_secs(5),
+        "exit took {:?}",
+        exit.1
+    );
+    assert!(
+        during_drain > 0,
+        "no call was answered during the drain delay"
+    );
+}

@@ -1,0 +1,220 @@
+//! The Lua script against the Rust algorithms: identical seeded random operation
+//! sequences go to the memory store (which runs `src/algorithm/`) on a manual clock and
+//! to the script on a real redis-server with the same injected time; every field of
+//! every decision must match.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::algorithm::{AlgorithmKind, Decision, Micros, Quota};
+use sluice::clock::ManualClock;
+use sluice::store::memory::MemoryStore;
+use sluice::store::redis::{RedisMode, RedisOptions, RedisStore};
+use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
+use sluice::telemetry::Metrics;
+use support::redis::RedisServer;
+
+const KINDS: [AlgorithmKind; 5] = [
+    AlgorithmKind::FixedWindow,
+    AlgorithmKind::SlidingWindow,
+    AlgorithmKind::SlidingLog,
+    AlgorithmKind::TokenBucket,
+    AlgorithmKind::Gcra,
+];
+
+/// xorshift64*: a seeded generator, so a failure names its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn quota(rng: &mut Rng) -> Quota {
+    let period = match rng.below(5) {
+        0 => 1 + rng.below(10),
+        1 => 10 + rng.below(10_000),
+        2 => 1_000_000,
+        3 => 3_000_000,
+        _ => 60_000_000 + rng.below(7),
+    };
+    Quota {
+        limit: 1 + rng.below(20),
+        period,
+        burst: 1 + rng.below(30),
+        stop_increment_when_over_limit: rng.below(2) == 0,
+    }
+}
+
+/// Store options for tests.
+pub fn options(mode: RedisMode, url: String) -> RedisOptions {
+    RedisOptions {
+        mode,
+        url,
+        auth: None,
+        tls: false,
+        timeout: Duration::from_secs(2),
+        batch_window: Duration::from_micros(100),
+        batch_max: 256,
+        queue: 4096,
+    }
+}
+
+async fn connected(options: &RedisOptions) -> RedisStore {
+    let store = RedisStore::new(options, Arc::new(Metrics::new())).expect("store");
+    for _ in 0..200 {
+        if store.is_connected() {
+            return store;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("redis store did not connect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_mirrors_rust_on_random_sequences() {
+    let server = RedisServer::start();
+    let redis = connected(&options(RedisMode::Standalone, server.url())).await;
+    let t0: Micros = 1_800_000_000_000_000;
+    let mut compared = 0usize;
+    for seed in 1..=400u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let clock = Arc::new(ManualClock::new(t0 + rng.below(10_000_000)));
+        let memory = MemoryStore::new(1_000_000, clock.clone());
+        // One to three limits; the first seeds cover each algorithm alone.
+        let nlimits = if seed <= 250 {
+            1
+        } else {
+            1 + rng.below(3) as usize
+        };
+        let limits: Vec<LimitCheck> = (0..nlimits)
+            .map(|i| LimitCheck {
+                algorithm: if seed <= 250 && i == 0 {
+                    KINDS[(seed % 5) as usize]
+                } else {
+                    KINDS[rng.below(5) as usize]
+                },
+                quota: quota(&mut rng),
+            })
+            .collect();
+        let key = CounterKey(u128::from(seed) << 64 | u128::from(rng.next()));
+        let period = limits[0].quota.period;
+        for step in 0..60 {
+            // Time moves by a fraction of the first limit's period, sometimes back.
+            let permille: i64 = match rng.below(6) {
+                0 => 0,
+                1 => 1000,
+                2 => rng.below(100) as i64,
+                3 => rng.below(2500) as i64,
+                4 => -(rng.below(1500) as i64),
+                _ => rng.below(400) as i64,
+            };
+            let now = clock.now_value();
+            let dt = i128::from(period) * i128::from(permille) / 1000;
+            clock.set((i128::from(now) + dt).max(0) as Micros);
+            let cost = match rng.below(4) {
+                0 => 0,
+                1 | 2 => 1,
+                _ => rng.below(36),
+            };
+            let check = StoreCheck {
+                key,
+                limits: limits.clone(),
+                cost,
+            };
+            let peek = rng.below(8) == 0;
+            let mut expected: Vec<Decision> = Vec::new();
+            let mut actual: Vec<Decision> = Vec::new();
+            if peek {
+                memory.peek(&check, &mut expected).await.expect("memory");
+            } else {
+                memory
+                    .check(std::slice::from_ref(&check), &mut expected)
+                    .await
+                    .expect("memory");
+            }
+            redis
+                .check_at(
+                    std::slice::from_ref(&check),
+                    !peek,
+                    clock.now_value(),
+                    &mut actual,
+                )
+                .await
+                .expect("redis");
+            assert_eq!(
+                expected, actual,
+                "seed {seed} step {step}: limits {limits:?} cost {cost} peek {peek}"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 400 * 60);
+}
+
+/// Several descriptors and same-key checks in one script call are decided in arrival
+/// order, exactly as the memory store decides them one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_decides_many_checks_in_order() {
+    let server = RedisServer::start();
+    let redis = connected(&options(RedisMode::Standalone, server.url())).await;
+    let mut rng = Rng(77);
+    for round in 0..50u64 {
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000_000 + round * 1_000));
+        let memory = MemoryStore::new(1_000_000, clock.clone());
+        let keys: Vec<CounterKey> = (0..3)
+            .map(|i| CounterKey(u128::from(round * 10 + i) + 99))
+            .collect();
+        let specs: Vec<Vec<LimitCheck>> = keys
+            .iter()
+            .map(|_| {
+                (0..1 + rng.below(2))
+                    .map(|_| LimitCheck {
+                        algorithm: KINDS[rng.below(5) as usize],
+                        quota: quota(&mut rng),
+                    })
+                    .collect()
+            })
+            .collect();
+        for _ in 0..10 {
+            clock.set(clock.now_value() + rng.below(2_000_000));
+            let checks: Vec<StoreCheck> = (0..8)
+                .map(|_| {
+                    let i = rng.below(3) as usize;
+                    StoreCheck {
+                        key: keys[i],
+                        limits: specs[i].clone(),
+                        cost: rng.below(4),
+                    }
+                })
+                .collect();
+            let mut expected = Vec::new();
+            let mut actual = Vec::new();
+            memory.check(&checks, &mut expected).await.expect("memory");
+            redis
+                .check_at(&checks, true, clock.now_value(), &mut actual)
+                .await
+                .expect("redis");
+            assert_eq!(expected, actual, "round {round}");
+        }
+    }
+}
+
+trait NowValue {
+    fn now_value(&self) -> Micros;
+}
+
+impl NowValue for ManualClock {
+    fn now_value(&self) -> Micros {
+        sluice::clock::Clock::now(self)
+    }
+}

@@ -82,7 +82,8 @@ async fn accept_loop(
 async fn prepare(stream: TcpStream, tls: Option<Arc<ReloadingTls>>) -> io::Result<GrpcIo> {
     match tls {
         None => {
-            stream.readable().await?;
+            // Data (or EOF): `readable()` alone may wake spuriously.
+            stream.peek(&mut [0u8; 1]).await?;
             Ok(GrpcIo::Plain(stream))
         }
         Some(tls) => {

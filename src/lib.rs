@@ -11,6 +11,7 @@ pub mod bench;
 pub mod clock;
 pub mod commands;
 pub mod limiter;
+pub mod listener;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -102,6 +102,10 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             &settings.log_level,
             settings.otlp_endpoint.as_deref(),
         );
+        match sluice::listener::raise_open_file_limit() {
+            Ok(limit) => tracing::debug!(limit, "open file limit"),
+            Err(error) => tracing::warn!(%error, "open file limit not raised"),
+        }
         let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::Limiter;
+use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
@@ -54,6 +54,9 @@ pub enum ServerError {
     /// The store could not be set up (a configuration error, not an outage).
     #[error("store: {0}")]
     Store(String),
+    /// The gRPC TLS files could not be loaded at start.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] crate::listener::tls::TlsError),
 }
 
 /// Readiness and drain state shared by the admin port and the gRPC health service.
@@ -213,6 +216,10 @@ async fn serve<S: Store>(
     let (grpc_addr, http_addr) = (addr(&listeners.grpc), addr(&listeners.http));
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
+    let tls = match settings.grpc_tls.clone() {
+        Some(tls) => Some(Arc::new(ReloadingTls::load(tls)?)),
+        None => None,
+    };
     let (reflection_v1, reflection_v1alpha) = reflection_services();
     let grpc = grpc_server_builder()
         .add_service(health_service)
@@ -220,7 +227,7 @@ async fn serve<S: Store>(
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
+            listener::incoming(listeners.grpc, tls),
             wait_for(stop_rx.clone()),
         );
     let admin_state = Arc::new(AdminState {
@@ -275,9 +282,7 @@ async fn serve<S: Store>(
 /// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that
 /// it measures the same stack).
 pub fn grpc_server_builder() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(Some(1024))
+    listener::hardened_server()
 }
 
 /// Turns reload outcomes into metrics, logs and readiness.

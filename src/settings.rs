@@ -203,6 +203,9 @@ pub struct ServeArgs {
     /// Used by deployment checks (the Helm chart test) to prove a container's arguments.
     #[arg(long, hide = true)]
     pub check_config_only: bool,
+    /// gRPC TLS and mTLS.
+    #[command(flatten)]
+    pub tls: crate::listener::tls::TlsArgs,
 }
 
 /// Where counters live.
@@ -262,6 +265,8 @@ pub struct Settings {
     pub debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
+    /// gRPC TLS (`None`: plaintext).
+    pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }
 
 /// A setting that could not be understood.
@@ -489,6 +494,7 @@ impl Settings {
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
             ignored_env,
+            grpc_tls: crate::listener::tls::TlsSettings::resolve(&args.tls, env)?,
         })
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -219,7 +220,14 @@ async fn serve<S: Store>(
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
+            // No Nagle: a response's frames go out at once, not after the peer's
+            // delayed ACK (tens of milliseconds, longer than Envoy's 20 ms deadline).
+            TcpListenerStream::new(listeners.grpc).map(|stream| {
+                stream.and_then(|stream| {
+                    stream.set_nodelay(true)?;
+                    Ok(stream)
+                })
+            }),
             wait_for(stop_rx.clone()),
         );
     let admin_state = Arc::new(AdminState {

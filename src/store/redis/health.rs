@@ -256,14 +256,19 @@ impl Health {
 
 /// Logs the client's connection errors (refused, auth, TLS...), once per distinct
 /// message per node until it changes or a minute passes, so an outage is visible in the
-/// log without flooding it. Ends when the client is dropped.
-pub fn log_connection_errors(client: &Client, timeout: Duration) {
+/// log without flooding it, and counts each in `sluice_store_errors_total{kind}` (a
+/// wrong password shows as `auth` there even though calls only time out). Ends when the
+/// client is dropped.
+pub fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Metrics>) {
     let last: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::default();
     let _task = client.on_error(move |(error, server)| {
         let last = last.clone();
+        let metrics = metrics.clone();
         async move {
             let node = server.map_or_else(|| "redis".to_owned(), |server| server.to_string());
-            let message = classify(&error, timeout).to_string();
+            let error = classify(&error, timeout);
+            metrics.store_error(error.kind());
+            let message = error.to_string();
             let now = Instant::now();
             let mut seen = last
                 .lock()

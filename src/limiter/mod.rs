@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
@@ -166,6 +167,17 @@ impl<S: Store> Limiter<S> {
         rules: &'r Rules,
         request: &CheckRequest<'_>,
     ) -> Result<Vec<Verdict<'r>>, LimiterError> {
+        self.check_within(rules, request, None).await
+    }
+
+    /// [`Limiter::check`], with store calls abandoned at `deadline` (the caller's own,
+    /// from `grpc-timeout`): past it, checks take their rule's failure mode.
+    pub async fn check_within<'r>(
+        &self,
+        rules: &'r Rules,
+        request: &CheckRequest<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Verdict<'r>>, LimiterError> {
         let mut verdicts = Vec::with_capacity(request.descriptors.len());
         let mut pending = Vec::new();
         let mut checks = Vec::new();
@@ -259,7 +271,7 @@ impl<S: Store> Limiter<S> {
         }
 
         if self.settings.stop_increment_when_over_limit {
-            self.charge_only_if_none_over(&mut checks, any_blocked)
+            self.charge_only_if_none_over(&mut checks, any_blocked, deadline)
                 .await?;
         }
 
@@ -270,11 +282,12 @@ impl<S: Store> Limiter<S> {
             store = self.store.kind(),
             checks = checks.len()
         );
-        let answered = match self
-            .store
-            .check(&checks, &mut decisions)
-            .instrument(span)
-            .await
+        let answered = match within(
+            deadline,
+            &self.metrics,
+            self.store.check(&checks, &mut decisions).instrument(span),
+        )
+        .await
         {
             Ok(()) if decisions.len() != expected => Err(StoreError::Protocol(format!(
                 "store answered {} decisions for {expected} limits",
@@ -312,12 +325,18 @@ impl<S: Store> Limiter<S> {
         &self,
         checks: &mut [StoreCheck],
         already_over: bool,
+        deadline: Option<Instant>,
     ) -> Result<(), LimiterError> {
         let mut over = Vec::with_capacity(checks.len());
         let mut decisions = Vec::new();
         for check in checks.iter() {
             decisions.clear();
-            self.store.peek(check, &mut decisions).await?;
+            within(
+                deadline,
+                &self.metrics,
+                self.store.peek(check, &mut decisions),
+            )
+            .await?;
             over.push(decisions.iter().any(|d| !d.allowed));
         }
         if already_over || over.contains(&true) {
@@ -426,6 +445,28 @@ impl<S: Store> Limiter<S> {
             decision,
             over_limit: !decision.allowed && !shadow,
         })
+    }
+}
+
+/// Runs a store call, abandoning it at `deadline`: the store's own timeout may be longer
+/// than the caller is willing to wait. An abandoned call is dropped by the batcher
+/// before it is sent, so it charges nothing.
+async fn within(
+    deadline: Option<Instant>,
+    metrics: &Metrics,
+    call: impl std::future::Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    let Some(deadline) = deadline else {
+        return call.await;
+    };
+    let started = Instant::now();
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(result) => result,
+        Err(_) => {
+            let error = StoreError::Timeout(deadline.saturating_duration_since(started));
+            metrics.store_error(error.kind());
+            Err(error)
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! metric lookups by the reference's stat names.
 #![allow(dead_code, missing_docs)]
 
+pub mod fault;
 pub mod redis;
 
 use std::collections::HashMap;

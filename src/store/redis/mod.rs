@@ -7,10 +7,12 @@
 //! needs on every key it writes. Keys are `sluice:{<digest hex>}:<limit index>`: the
 //! hash tag is our digest of the unambiguous descriptor encoding, so client bytes never
 //! choose the slot and all limits of a descriptor share one. Calls go through the
-//! [`batcher`]; the client ([`client`]) never re-sends an in-flight call.
+//! [`batcher`]; the client ([`client`]) never re-sends an in-flight call. A circuit
+//! breaker per node ([`health`]) answers calls at once while that node keeps failing.
 
 pub mod batcher;
 pub mod client;
+pub mod health;
 pub mod script;
 
 use std::sync::Arc;
@@ -22,7 +24,8 @@ use tokio::sync::{mpsc, oneshot};
 pub use client::{mask_url, RedisMode, RedisOptions};
 
 use crate::algorithm::{Decision, Micros};
-use crate::store::{Store, StoreCheck, StoreError};
+use crate::store::breaker::BreakerSettings;
+use crate::store::{Store, StoreCheck, StoreError, StoreStatus};
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
 
@@ -42,9 +45,12 @@ impl RedisStore {
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let client = client::connect(options)?;
+        health::log_connection_errors(&client, options.timeout, metrics.clone());
+        let clustered = options.mode == RedisMode::Cluster;
         let shared = Arc::new(Shared {
             client,
-            clustered: options.mode == RedisMode::Cluster,
+            clustered,
+            health: health::Health::new(clustered, BreakerSettings::default(), metrics.clone()),
             timeout: options.timeout,
             window: options.batch_window,
             max: options.batch_max.max(1),
@@ -88,7 +94,8 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Queues `checks` for the batcher and waits for their decisions.
+    /// Queues `checks` for the batcher and waits for their decisions; fails at once when
+    /// the breaker of a node they live on is open.
     async fn submit(
         &self,
         checks: Vec<StoreCheck>,
@@ -97,7 +104,16 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let op = if commit { "check" } else { "peek" };
         let started = Instant::now();
-        let result = self.round_trip(checks, commit).await;
+        let result = match self.shared.health.allow(checks.iter().map(|check| {
+            if self.shared.clustered {
+                batcher::slot_of(check)
+            } else {
+                0
+            }
+        })) {
+            Ok(()) => self.round_trip(checks, commit).await,
+            Err(error) => Err(error),
+        };
         let metrics = &self.shared.metrics;
         metrics.store_duration(op, started.elapsed());
         match result {
@@ -118,10 +134,13 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         let (reply, answer) = oneshot::channel();
+        // The batch has its own deadline; this one also covers the time in the queue.
+        let wait = self.shared.timeout + self.shared.window;
         let job = Job {
             checks,
             commit,
             reply,
+            deadline: Instant::now() + wait,
         };
         self.jobs.try_send(job).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => {
@@ -131,9 +150,7 @@ impl RedisStore {
                 StoreError::Unavailable("redis batcher stopped".into())
             }
         })?;
-        // The batch has its own deadline; this one also covers the time in the queue.
-        let deadline = self.shared.timeout + self.shared.window;
-        match tokio::time::timeout(deadline, answer).await {
+        match tokio::time::timeout(wait, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(StoreError::Unavailable("redis batch was dropped".into())),
             Err(_) => Err(StoreError::Timeout(self.shared.timeout)),
@@ -159,6 +176,10 @@ impl Store for RedisStore {
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         self.submit(vec![check.clone()], false, decisions).await
+    }
+
+    fn status(&self) -> StoreStatus {
+        self.shared.health.status(self.shared.client.is_connected())
     }
 
     fn kind(&self) -> &'static str {

@@ -1,7 +1,7 @@
 //! Short smoke run of the fuzz targets (`fuzz/`), so the normal test command exercises
 //! them on stable Rust: every committed seed is replayed, then mutated seeds and random
 //! bytes are fed for a bounded number of cases. The long coverage-guided runs use
-//! `cargo fuzz` (see `docs/readme/security.md`).
+//! `cargo fuzz` (see the README's Security section).
 
 #[path = "../fuzz/harness.rs"]
 mod harness;

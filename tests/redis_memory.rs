@@ -1,5 +1,5 @@
 //! What one key costs in Redis, per algorithm, measured with `MEMORY USAGE` (the
-//! numbers in docs/readme/redis.md come from this test's output).
+//! numbers in the README's Redis section come from this test's output).
 
 mod support;
 

@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;
 use crate::service::{HeaderMode, RequestBounds, ResponseOptions};
-use crate::store::redis::{RedisMode, RedisOptions};
+use crate::store::redis::{RedisMode, RedisOptions, RedisTls};
 use crate::telemetry::LogFormat;
 
 /// Sluice: a global rate limit service for Envoy.
@@ -132,6 +132,19 @@ pub struct ServeArgs {
     /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
     #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]
     pub redis_queue: usize,
+    /// PEM CA bundle trusted for `rediss://` [default: the system roots].
+    #[arg(long, env = "SLUICE_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain presented to Redis (mutual TLS; needs --redis-tls-key).
+    #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
+    pub redis_tls_cert: Option<PathBuf>,
+    /// PEM private key of --redis-tls-cert.
+    #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
+    pub redis_tls_key: Option<PathBuf>,
+    /// Accept a Redis certificate whose names do not match the URL host (the chain is
+    /// still verified). Host names are checked by default.
+    #[arg(long, env = "SLUICE_REDIS_TLS_INSECURE_SKIP_HOSTNAME")]
+    pub redis_tls_insecure_skip_hostname: bool,
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
     pub replicas: u32,
@@ -448,6 +461,12 @@ impl Settings {
             url: redis_url.unwrap_or_default(),
             auth: env("REDIS_AUTH").filter(|auth| !auth.is_empty()),
             tls: reference_bool("REDIS_TLS")?.unwrap_or(false),
+            tls_files: RedisTls {
+                ca: args.redis_tls_ca.clone(),
+                cert: args.redis_tls_cert.clone(),
+                key: args.redis_tls_key.clone(),
+                insecure_skip_hostname: args.redis_tls_insecure_skip_hostname,
+            },
             timeout: args.redis_timeout,
             batch_window: args.redis_batch_window,
             batch_max: args.redis_batch_max,

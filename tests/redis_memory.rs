@@ -22,6 +22,7 @@ async fn memory_usage_per_key() {
         url: server.url(),
         auth: None,
         tls: false,
+        tls_files: Default::default(),
         timeout: Duration::from_secs(2),
         batch_window: Duration::from_micros(100),
         batch_max: 256,

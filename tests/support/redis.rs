@@ -311,6 +311,7 @@ pub fn store_options(
         url,
         auth: None,
         tls: false,
+        tls_files: Default::default(),
         timeout: Duration::from_secs(2),
         batch_window: Duration::from_micros(100),
         batch_max: 256,

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy, Server, ServerConfig};
+use fred::types::config::{TlsConfig, TlsConnector};
 
+use super::tls::RedisTls;
 use crate::store::StoreError;
 
 /// Which Redis deployment the URL points at.
@@ -39,6 +41,8 @@ pub struct RedisOptions {
     pub auth: Option<String>,
     /// Use TLS for items without a scheme (the reference's `REDIS_TLS`).
     pub tls: bool,
+    /// Trusted CA, client certificate and host name check for TLS connections.
+    pub tls_files: RedisTls,
     /// Deadline of one store call.
     pub timeout: Duration,
     /// Longest time the batcher waits for more checks.
@@ -56,6 +60,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("url", &mask_url(&self.url))
             .field("auth", &self.auth.as_ref().map(|_| "*****"))
             .field("tls", &self.tls)
+            .field("tls_files", &self.tls_files)
             .field("timeout", &self.timeout)
             .field("batch_window", &self.batch_window)
             .field("batch_max", &self.batch_max)
@@ -114,6 +119,10 @@ fn config(options: &RedisOptions) -> Result<Config, StoreError> {
             }
         })
         .collect();
+    // fred would build its own TLS settings from a TLS scheme (system roots only, no
+    // client certificate): hand it plain schemes and set ours below.
+    let uses_tls = items.iter().any(|item| is_tls_url(item));
+    let items: Vec<String> = items.iter().map(|item| plain_scheme(item)).collect();
     let first = items
         .first()
         .ok_or_else(|| bad("empty --redis-url".into()))?;
@@ -147,6 +156,18 @@ fn config(options: &RedisOptions) -> Result<Config, StoreError> {
             }
         }
     }
+    if uses_tls {
+        // fred's default trusts the system roots only and offers no client certificate.
+        let tls = options
+            .tls_files
+            .client_config()
+            .map_err(|e| StoreError::Protocol(format!("redis tls: {e}")))?;
+        config.tls = Some(TlsConfig::from(TlsConnector::from(tls)));
+    } else if options.tls_files.is_set() {
+        return Err(bad(
+            "TLS options need a rediss:// URL (or REDIS_TLS=true)".into()
+        ));
+    }
     if config.password.is_none() {
         if let Some(auth) = &options.auth {
             match auth.split_once(':') {
@@ -159,6 +180,22 @@ fn config(options: &RedisOptions) -> Result<Config, StoreError> {
         }
     }
     Ok(config)
+}
+
+/// Whether a URL item asks for TLS (`rediss://`, `rediss-cluster://`, `valkeys://`...).
+fn is_tls_url(item: &str) -> bool {
+    item.starts_with("rediss") || item.starts_with("valkeys")
+}
+
+/// A URL item with its TLS scheme replaced by the plain one.
+fn plain_scheme(item: &str) -> String {
+    if let Some(rest) = item.strip_prefix("rediss") {
+        format!("redis{rest}")
+    } else if let Some(rest) = item.strip_prefix("valkeys") {
+        format!("valkey{rest}")
+    } else {
+        item.to_owned()
+    }
 }
 
 /// `host:port` of a URL item.
@@ -274,6 +311,7 @@ mod tests {
             url: "a:7000,b:7001".into(),
             auth: Some("user:pw".into()),
             tls: false,
+            tls_files: RedisTls::default(),
             timeout: Duration::from_millis(20),
             batch_window: Duration::from_micros(100),
             batch_max: 256,
@@ -286,5 +324,39 @@ mod tests {
             panic!("not clustered");
         };
         assert_eq!(hosts.len(), 2);
+    }
+
+    #[test]
+    fn tls_options_need_a_tls_url() {
+        let mut options = RedisOptions {
+            mode: RedisMode::Standalone,
+            url: "redis://a:6379".into(),
+            auth: None,
+            tls: false,
+            tls_files: RedisTls {
+                insecure_skip_hostname: true,
+                ..RedisTls::default()
+            },
+            timeout: Duration::from_millis(20),
+            batch_window: Duration::from_micros(100),
+            batch_max: 256,
+            queue: 1024,
+        };
+        let error = config(&options)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("rediss://"), "{error}");
+        options.url = "rediss://a:6379".into();
+        options.tls_files = RedisTls::default();
+        // No CA given: the system roots (a machine without any would fail here, clearly).
+        if let Ok(config) = config(&options) {
+            assert!(config.tls.is_some());
+        }
+        options.url = "a:6379".into();
+        options.tls = true;
+        if let Ok(config) = config(&options) {
+            assert!(config.tls.is_some());
+        }
     }
 }

@@ -14,6 +14,7 @@ pub mod batcher;
 pub mod client;
 pub mod health;
 pub mod script;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +23,7 @@ use fred::prelude::{Client, ClientLike};
 use tokio::sync::{mpsc, oneshot};
 
 pub use client::{mask_url, RedisMode, RedisOptions};
+pub use tls::{RedisTls, RedisTlsError};
 
 use crate::algorithm::{Decision, Micros};
 use crate::store::breaker::BreakerSettings;

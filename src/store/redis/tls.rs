@@ -1,0 +1,289 @@
+//! TLS to Redis (`rediss://`): the rustls client configuration handed to fred.
+//!
+//! Server certificates are checked against `--redis-tls-ca` (a PEM bundle) or, without
+//! it, the system roots; the host name of the URL must match the certificate unless
+//! `--redis-tls-insecure-skip-hostname` is set (the chain is still verified then). A
+//! client certificate (`--redis-tls-cert`, `--redis-tls-key`) is presented for Redis's
+//! `tls-auth-clients`. Files are read once at startup; errors name the file, never its
+//! content (a key is never logged).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::client::WebPkiServerVerifier;
+use tokio_rustls::rustls::crypto::ring;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, Error as RustlsError, RootCertStore,
+    SignatureScheme,
+};
+
+/// TLS files and checks for connections to Redis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM CA bundle to trust (`None`: the system roots).
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// Accept a server certificate whose names do not match the URL host (the chain is
+    /// still verified). Off by default.
+    pub insecure_skip_hostname: bool,
+}
+
+/// A Redis TLS file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisTlsError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file held no usable PEM item, or rustls refused it.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// No root certificate to trust.
+    #[error("no trusted roots: {0}")]
+    NoRoots(String),
+}
+
+// === impl RedisTls ===
+
+impl RedisTls {
+    /// Whether any TLS option differs from the defaults.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some()
+            || self.cert.is_some()
+            || self.key.is_some()
+            || self.insecure_skip_hostname
+    }
+
+    /// The rustls client configuration for these settings.
+    pub fn client_config(&self) -> Result<ClientConfig, RedisTlsError> {
+        let provider = Arc::new(ring::default_provider());
+        let roots = Arc::new(self.roots()?);
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
+        let builder = if self.insecure_skip_hostname {
+            let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(SkipHostname { inner }))
+        } else {
+            builder.with_root_certificates(roots)
+        };
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let chain = certificates(cert)?;
+                let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
+                    .map_err(|e| invalid(key, format!("no usable PEM private key ({e})")))?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| invalid(key, e))
+            }
+            (None, None) => Ok(builder.with_no_client_auth()),
+            (Some(cert), None) => Err(invalid(cert, "--redis-tls-cert needs --redis-tls-key")),
+            (None, Some(key)) => Err(invalid(key, "--redis-tls-key needs --redis-tls-cert")),
+        }
+    }
+
+    /// The CA bundle, or the system roots.
+    fn roots(&self) -> Result<RootCertStore, RedisTlsError> {
+        let mut roots = RootCertStore::empty();
+        match &self.ca {
+            Some(ca) => {
+                for cert in certificates(ca)? {
+                    roots.add(cert).map_err(|e| invalid(ca, e))?;
+                }
+            }
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(native.certs);
+                if added == 0 {
+                    let reason = native
+                        .errors
+                        .first()
+                        .map_or_else(|| "no system CA certificates".to_owned(), |e| e.to_string());
+                    return Err(RedisTlsError::NoRoots(format!(
+                        "{reason} (give --redis-tls-ca)"
+                    )));
+                }
+            }
+        }
+        Ok(roots)
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, RedisTlsError> {
+    std::fs::read(path).map_err(|source| RedisTlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, reason: impl ToString) -> RedisTlsError {
+    RedisTlsError::Invalid {
+        path: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, RedisTlsError> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(path, e))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+/// Verifies the chain like rustls's WebPKI verifier but accepts a name mismatch.
+#[derive(Debug)]
+struct SkipHostname {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+// === impl SkipHostname ===
+
+impl ServerCertVerifier for SkipHostname {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, RustlsError> {
+        // webpki checks the chain before the name: a name error means the chain is good.
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(RustlsError::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, RustlsError> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, RustlsError> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    fn error_of(tls: &RedisTls) -> String {
+        tls.client_config()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn valid_files_build_a_config() {
+        let dir = tempfile::tempdir().expect("dir");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["sluice".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let tls = RedisTls {
+            ca: Some(write(dir.path(), "ca.pem", &cert.pem())),
+            cert: Some(write(dir.path(), "c.pem", &cert.pem())),
+            key: Some(write(dir.path(), "k.pem", &key.serialize_pem())),
+            insecure_skip_hostname: true,
+        };
+        assert!(tls.client_config().is_ok(), "{}", error_of(&tls));
+    }
+
+    #[test]
+    fn bad_files_name_the_file_not_its_content() {
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = dir.path().join("missing.pem");
+        let garbage = write(dir.path(), "garbage.pem", "SECRET-KEY-MATERIAL");
+        let tls = RedisTls {
+            ca: Some(missing.clone()),
+            ..RedisTls::default()
+        };
+        let message = error_of(&tls);
+        assert!(
+            message.starts_with(&format!("reading {}", missing.display())),
+            "{message}"
+        );
+        let tls = RedisTls {
+            ca: Some(garbage.clone()),
+            ..RedisTls::default()
+        };
+        let message = error_of(&tls);
+        assert!(message.contains("no PEM certificate"), "{message}");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["sluice".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let ca = write(dir.path(), "ca.pem", &cert.pem());
+        let tls = RedisTls {
+            ca: Some(ca.clone()),
+            cert: Some(ca.clone()),
+            key: Some(garbage.clone()),
+            insecure_skip_hostname: false,
+        };
+        let message = error_of(&tls);
+        assert!(message.contains("garbage.pem"), "{message}");
+        assert!(!message.contains("SECRET"), "key content in {message}");
+        let tls = RedisTls {
+            ca: Some(ca.clone()),
+            cert: Some(ca),
+            ..RedisTls::default()
+        };
+        assert!(error_of(&tls).contains("needs --redis-tls-key"));
+    }
+}

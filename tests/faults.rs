@@ -6,7 +6,7 @@
 //!
 //! The rules (`support::fault::RULES`) have one huge limit per failure mode, so every
 //! Redis answer is OK and a `closed` refusal can only come from the failure mode.
-//! Refusals (AUTH, ACL, OOM) are here too; cluster faults are not covered yet.
+//! Refusals (AUTH, ACL, OOM) are here too; cluster faults are in `faults_cluster.rs`.
 
 mod support;
 

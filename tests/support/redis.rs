@@ -191,6 +191,9 @@ impl RedisCluster {
                     "nodes.conf",
                     "--cluster-node-timeout",
                     node_timeout,
+                    // A dead primary takes down only its own slots, not every slot.
+                    "--cluster-require-full-coverage",
+                    "no",
                 ])
             })
             .collect();

@@ -6,9 +6,10 @@
 //! `batch_max` checks, groups the checks by hash slot (a standalone or Sentinel server
 //! is one group), and makes one script call per group, which decides that group's
 //! checks in arrival order (checks on the same key coalesce into that call). All calls
-//! of a batch go out as one fred pipeline; fred routes each to its node, so a request
-//! whose descriptors live on several shards is split across nodes in parallel and
-//! answered when every part has returned. At most [`MAX_IN_FLIGHT`] batches are in
+//! of a batch go out at once (fred pipelines them on each node's connection), each with
+//! its own deadline and outcome; fred routes each to its node, so a request whose
+//! descriptors live on several shards is split across nodes in parallel and answered
+//! when every part has returned, and a failed shard fails only its own calls. At most [`MAX_IN_FLIGHT`] batches are in
 //! flight; while they are, the queue absorbs new jobs, which is what makes batches
 //! grow under load.
 
@@ -135,7 +136,9 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             )
         })
         .collect();
-    let results = match tokio::time::timeout(shared.timeout, run_calls(shared, &calls)).await {
+    // Each call has its own deadline (`timeout`); this backstop covers a NOSCRIPT round
+    // (call, SCRIPT LOAD, call again), each bounded by `timeout` too.
+    let results = match tokio::time::timeout(shared.timeout * 3, run_calls(shared, &calls)).await {
         Ok(results) => results,
         Err(_) => calls
             .iter()
@@ -239,64 +242,49 @@ enum Failure {
     Store(StoreError),
 }
 
-/// Sends `calls` as one pipeline and decodes each reply.
+/// Sends `calls` concurrently (fred pipelines them on each node's connection) and
+/// decodes each reply. Every call has its own deadline and outcome: in a cluster, a
+/// call to a dead or moved shard fails alone, never the calls of other shards in the
+/// same batch (one shared deadline made a dead primary fail, and open the breaker of,
+/// every node that shared a batch with it).
 async fn pipeline<'a>(
     shared: &Shared,
     calls: impl Iterator<Item = &'a Call>,
 ) -> Vec<Result<Vec<Decision>, Failure>> {
-    let pipe = shared.client.pipeline();
-    let mut limits = Vec::new();
-    for call in calls {
-        limits.push(call.limits);
-        // Queued in memory: this cannot fail for a well-formed call.
-        // Pipelines have no typed EVALSHA: send it as a custom command routed by the
-        // slot of its keys (all of one call share it).
-        let slot = call
-            .keys
-            .first()
-            .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
-        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
-        let mut args: Vec<Value> = Vec::with_capacity(2 + call.keys.len() + call.args.len());
-        args.push(script::SHA.as_str().into());
-        args.push(Value::Integer(call.keys.len() as i64));
-        args.extend(call.keys.iter().map(|key| Value::from(key.as_str())));
-        args.extend(call.args.iter().map(|arg| Value::from(arg.as_str())));
-        let queued: Result<(), _> = pipe.custom(command, args).await;
-        if let Err(error) = queued {
-            let error = classify(&error, shared.timeout);
-            return limits
-                .iter()
-                .map(|_| Err(Failure::Store(error.clone())))
-                .collect();
+    futures::future::join_all(calls.map(|call| one_call(shared, call))).await
+}
+
+/// One script call with its own deadline.
+async fn one_call(shared: &Shared, call: &Call) -> Result<Vec<Decision>, Failure> {
+    // No typed EVALSHA with raw arguments: send it as a custom command routed by the
+    // slot of its keys (all of one call share it).
+    let slot = call
+        .keys
+        .first()
+        .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
+    let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
+    let mut args: Vec<Value> = Vec::with_capacity(2 + call.keys.len() + call.args.len());
+    args.push(script::SHA.as_str().into());
+    args.push(Value::Integer(call.keys.len() as i64));
+    args.extend(call.keys.iter().map(|key| Value::from(key.as_str())));
+    args.extend(call.args.iter().map(|arg| Value::from(arg.as_str())));
+    let reply = tokio::time::timeout(
+        shared.timeout,
+        shared.client.custom::<Value, _>(command, args),
+    )
+    .await;
+    match reply {
+        Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+        Ok(Ok(value)) => {
+            let numbers: Vec<i64> = value.convert().map_err(|e| {
+                Failure::Store(StoreError::Protocol(format!(
+                    "script reply: {}",
+                    e.details()
+                )))
+            })?;
+            script::decode(&numbers, call.limits).map_err(Failure::Store)
         }
+        Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
+        Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
     }
-    let replies = pipe.try_all::<Value>().await;
-    if replies.len() != limits.len() {
-        let error = StoreError::Protocol(format!(
-            "pipeline of {} calls returned {} replies",
-            limits.len(),
-            replies.len()
-        ));
-        return limits
-            .iter()
-            .map(|_| Err(Failure::Store(error.clone())))
-            .collect();
-    }
-    replies
-        .into_iter()
-        .zip(limits)
-        .map(|(reply, limits)| match reply {
-            Ok(value) => {
-                let numbers: Vec<i64> = value.convert().map_err(|e| {
-                    Failure::Store(StoreError::Protocol(format!(
-                        "script reply: {}",
-                        e.details()
-                    )))
-                })?;
-                script::decode(&numbers, limits).map_err(Failure::Store)
-            }
-            Err(error) if is_noscript(&error) => Err(Failure::NoScript),
-            Err(error) => Err(Failure::Store(classify(&error, shared.timeout))),
-        })
-        .collect()
 }

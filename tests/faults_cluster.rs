@@ -1,0 +1,404 @@
+//! Redis Cluster faults (DESIGN §7, issue 5 point 5), with a real 3-primary, 3-replica
+//! cluster on loopback (`cluster-node-timeout 2000`, `cluster-require-full-coverage no`):
+//! a primary killed with `kill -9` and replaced by its replica, a manual
+//! `CLUSTER FAILOVER`, and a `SCRIPT FLUSH` on every node.
+//!
+//! Each test keeps two loads running, one on a descriptor whose slot lives on the shard
+//! under fault (`affected`) and one on a slot of another shard (`healthy`), both on the
+//! `closed` rule, whose huge limit means an OK answer can only come from Redis. It
+//! asserts: every call is answered within its deadline; the healthy slot answers OK
+//! throughout and its counter equals the calls sent; the affected slot follows the
+//! failure mode (OK or OVER_LIMIT, never UNAVAILABLE or an error) during the fault and
+//! is exact again, without a Sluice restart, within a few seconds; and its counter never
+//! exceeds the calls sent (nothing counted twice).
+//!
+//! A call redirected by MOVED/ASK is not re-sent (fred's `max_command_attempts = 1`, so
+//! that no charge counts twice): it takes the failure mode while fred refreshes its slot
+//! map. These tests show recovery, not zero failures on the affected slot.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::fault::{
+    assert_all_answered, call, count_of, quantile, redis_key, serial, slot, Answer, Load, Outcome,
+    RULES,
+};
+use support::redis::RedisCluster;
+use support::TestServer;
+
+/// `--redis-timeout`, as in `tests/faults.rs` (debug build on a loaded shared machine).
+const STORE_TIMEOUT: &str = "50ms";
+/// The deadline of every call here.
+const DEADLINE: Duration = Duration::from_millis(100);
+/// How long the affected slot may take to be exact again after the cluster healed.
+const RECOVERY: Duration = Duration::from_secs(5);
+
+async fn sluice(cluster: &RedisCluster) -> TestServer {
+    TestServer::start(
+        &[("faults.yaml".to_owned(), RULES.to_owned())],
+        &[],
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &cluster.url(),
+            "--redis-timeout",
+            STORE_TIMEOUT,
+        ],
+    )
+    .await
+}
+
+/// Descriptor values placed on the shards: `affected`, `probe` and `few` live on the
+/// primary `primary`, `healthy` on another one.
+struct Placement {
+    primary: usize,
+    affected: &'static str,
+    probe: &'static str,
+    few: &'static str,
+    healthy: &'static str,
+}
+
+impl Placement {
+    fn pick(cluster: &RedisCluster) -> Self {
+        let owners = slot_owners(cluster);
+        let owner = |key: &str, value: &str| owners(slot(key, value));
+        let value = |key: &str, wanted: &dyn Fn(u16) -> bool, skip: &str| -> &'static str {
+            (0..10_000)
+                .map(|i| format!("{key}-{i}"))
+                .find(|value| value != skip && wanted(owner(key, value)))
+                .map(|value| &*Box::leak(value.into_boxed_str()))
+                .expect("a value on the wanted shard")
+        };
+        let affected = value("closed", &|_| true, "");
+        let port = owner("closed", affected);
+        let probe = value("closed", &|p| p == port, affected);
+        let few = value("few", &|p| p == port, "");
+        let healthy = value("closed", &|p| p != port, "");
+        let primary = cluster
+            .nodes
+            .iter()
+            .position(|node| node.port == port)
+            .expect("the primary is a node");
+        assert_eq!(cluster.primary_of(slot("closed", affected)), primary);
+        Self {
+            primary,
+            affected,
+            probe,
+            few,
+            healthy,
+        }
+    }
+}
+
+/// The port of the primary serving each slot, from one `CLUSTER NODES`.
+fn slot_owners(cluster: &RedisCluster) -> impl Fn(u16) -> u16 {
+    let text = cluster.nodes[cluster.any_live()].cli(&["cluster", "nodes"]);
+    let mut ranges: Vec<(u16, u16, u16)> = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 9 || !fields[2].contains("master") {
+            continue;
+        }
+        let port = fields[1]
+            .split(['@', ','])
+            .next()
+            .and_then(|address| address.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("node port");
+        for range in &fields[8..] {
+            let (start, end) = range.split_once('-').unwrap_or((range, range));
+            if let (Ok(start), Ok(end)) = (start.parse(), end.parse()) {
+                ranges.push((start, end, port));
+            }
+        }
+    }
+    move |slot| {
+        ranges
+            .iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .map(|(_, _, port)| *port)
+            .expect("every slot has a primary")
+    }
+}
+
+/// Calls `closed=value` until Redis answers OK 10 times in a row; returns how long that
+/// took and how many calls were made.
+async fn until_exact(server: &TestServer, value: &str, within: Duration) -> (Duration, u64) {
+    let mut client = server.client().await;
+    let started = Instant::now();
+    let (mut in_a_row, mut calls) = (0, 0);
+    while in_a_row < 10 {
+        let answer = call(&mut client, "closed", value, DEADLINE).await;
+        calls += 1;
+        assert!(
+            matches!(answer.outcome, Outcome::Ok | Outcome::Over),
+            "{answer:?}"
+        );
+        in_a_row = if answer.outcome == Outcome::Ok {
+            in_a_row + 1
+        } else {
+            0
+        };
+        assert!(
+            started.elapsed() < within,
+            "{value} not exact again within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (started.elapsed(), calls)
+}
+
+/// `few` has a limit of 3: exactly 3 of 5 calls pass.
+async fn assert_exact(server: &TestServer, value: &str) {
+    let mut client = server.client().await;
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(call(&mut client, "few", value, DEADLINE).await.outcome);
+    }
+    use Outcome::{Ok, Over};
+    assert_eq!(outcomes, [Ok, Ok, Ok, Over, Over], "exact limit on {value}");
+}
+
+/// The counter of `closed=value`, read through the cluster (`redis-cli -c`).
+fn counter(cluster: &RedisCluster, value: &str) -> u64 {
+    let node = &cluster.nodes[cluster.any_live()];
+    count_of(&node.cli(&["-c", "get", &redis_key("closed", value)]))
+}
+
+/// Waits until node `node` is a primary.
+fn wait_promoted(cluster: &RedisCluster, node: usize, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        let role = cluster.nodes[node].cli(&["role"]);
+        if role.lines().next() == Some("master") {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica not promoted in {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Loads on the affected and the healthy slot, and what was sent before them.
+struct Loads {
+    affected: Load,
+    healthy: Load,
+    /// The counters when the loads started.
+    base_affected: u64,
+    base_healthy: u64,
+}
+
+async fn start_loads(server: &TestServer, cluster: &RedisCluster, place: &Placement) -> Loads {
+    until_exact(server, place.affected, Duration::from_secs(10)).await;
+    until_exact(server, place.healthy, Duration::from_secs(10)).await;
+    until_exact(server, place.probe, Duration::from_secs(10)).await;
+    let client = server.client().await;
+    let loads = Loads {
+        base_affected: counter(cluster, place.affected),
+        base_healthy: counter(cluster, place.healthy),
+        affected: Load::start(&client, "closed", place.affected, 2, DEADLINE),
+        healthy: Load::start(&client, "closed", place.healthy, 2, DEADLINE),
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    loads
+}
+
+/// Stops the loads and checks them: every call answered within its deadline; the
+/// healthy slot OK throughout, except before `healthy_from` (see the kill -9 test);
+/// the affected slot in the failure mode only (OK or OVER_LIMIT, never UNAVAILABLE)
+/// and OK for every call started after `exact_at`; each counter grew by at least the
+/// calls Redis admitted and at most the calls sent (nothing counted twice). Returns
+/// the affected slot's answers and how much its counter grew.
+async fn finish(
+    cluster: &RedisCluster,
+    loads: Loads,
+    place: &Placement,
+    healthy_from: Option<Instant>,
+    exact_at: Instant,
+    what: &str,
+) -> (Vec<Answer>, u64) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let affected = loads.affected.stop().await;
+    let healthy = loads.healthy.stop().await;
+    assert_all_answered(&affected, what);
+    assert_all_answered(&healthy, what);
+    for (name, answers) in [("affected", &affected), ("healthy", &healthy)] {
+        let wrong: Vec<_> = answers
+            .iter()
+            .filter(|a| !matches!(a.outcome, Outcome::Ok | Outcome::Over))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{what}: {name} slot not in the closed mode: {:?}",
+            wrong.first()
+        );
+    }
+
+    let refused: Vec<_> = healthy
+        .iter()
+        .filter(|a| a.outcome != Outcome::Ok && healthy_from.is_none_or(|from| a.started > from))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{what}: healthy slot refused {} of {} calls, first {:?}",
+        refused.len(),
+        healthy.len(),
+        refused.first()
+    );
+    let late: Vec<_> = affected
+        .iter()
+        .filter(|a| a.started > exact_at && a.outcome != Outcome::Ok)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{what}: {} refused after recovery, first {:?}",
+        late.len(),
+        late.first()
+    );
+    let ok =
+        |answers: &[Answer]| answers.iter().filter(|a| a.outcome == Outcome::Ok).count() as u64;
+    let healthy_charged = counter(cluster, place.healthy) - loads.base_healthy;
+    assert!(
+        ok(&healthy) <= healthy_charged && healthy_charged <= healthy.len() as u64,
+        "{what}: healthy slot admitted {}, charged {healthy_charged}, sent {}",
+        ok(&healthy),
+        healthy.len()
+    );
+    // The affected counter may have lost the last writes of a killed primary
+    // (asynchronous replication), never gained more than was sent.
+    let charged = counter(cluster, place.affected).saturating_sub(loads.base_affected);
+    assert!(
+        charged <= affected.len() as u64,
+        "{what}: affected slot charged {charged} > sent {}",
+        affected.len()
+    );
+    eprintln!(
+        "{what}: healthy {} calls, {} refused, p99 {:?}, charged {healthy_charged}; affected {} calls, {} refused, p99 {:?}, max {:?}, charged {charged}",
+        healthy.len(),
+        healthy.len() as u64 - ok(&healthy),
+        quantile(&healthy, 0.99),
+        affected.len(),
+        affected.len() as u64 - ok(&affected),
+        quantile(&affected, 0.99),
+        quantile(&affected, 1.0),
+    );
+    (affected, charged)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_by_its_replica() {
+    let _serial = serial().await;
+    let mut cluster = RedisCluster::start_with_replicas();
+    let place = Placement::pick(&cluster);
+    let replica = cluster.replica_of(place.primary);
+    let server = sluice(&cluster).await;
+    let loads = start_loads(&server, &cluster, &place).await;
+
+    let killed = Instant::now();
+    cluster.nodes[place.primary].kill();
+    let promoted = wait_promoted(&cluster, replica, Duration::from_secs(15));
+    let (recovered, _) = until_exact(&server, place.probe, RECOVERY).await;
+    let exact_at = Instant::now();
+    // fred (10.1) cannot serve any slot while a primary in its slot map is unreachable:
+    // its cluster sync connects to every primary and fails as a whole
+    // (`router/clustered.rs`, `sync`), so until the replica is promoted every slot
+    // takes its failure mode, not only the dead shard's. Other slots are exact again
+    // once the cluster has replaced the primary.
+    let (affected, charged) = finish(
+        &cluster,
+        loads,
+        &place,
+        Some(exact_at),
+        exact_at,
+        "kill -9 primary",
+    )
+    .await;
+
+    // The fault was seen: the closed rule refused while the slot had no primary.
+    assert!(
+        affected
+            .iter()
+            .any(|a| a.outcome == Outcome::Over && a.started < promoted),
+        "no failure-mode answer while the primary was dead"
+    );
+    // Calls answered OK after the promotion were charged on the new primary.
+    let admitted = affected
+        .iter()
+        .filter(|a| a.started > promoted && a.outcome == Outcome::Ok)
+        .count() as u64;
+    assert!(
+        admitted <= charged,
+        "admitted {admitted} > charged {charged}"
+    );
+    assert_exact(&server, place.few).await;
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.get("sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}") > 0.0
+    );
+    eprintln!(
+        "kill -9: promoted {:?} after the kill, exact {recovered:?} after the promotion",
+        promoted - killed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_moves_the_slots() {
+    let _serial = serial().await;
+    let cluster = RedisCluster::start_with_replicas();
+    let place = Placement::pick(&cluster);
+    let replica = cluster.replica_of(place.primary);
+    let server = sluice(&cluster).await;
+    let loads = start_loads(&server, &cluster, &place).await;
+
+    let started = Instant::now();
+    let answer = cluster.nodes[replica].cli(&["cluster", "failover"]);
+    assert_eq!(answer.trim(), "OK", "CLUSTER FAILOVER");
+    let promoted = wait_promoted(&cluster, replica, Duration::from_secs(10));
+    let (recovered, _) = until_exact(&server, place.probe, RECOVERY).await;
+    let exact_at = Instant::now();
+    let (affected, charged) =
+        finish(&cluster, loads, &place, None, exact_at, "CLUSTER FAILOVER").await;
+
+    // A manual failover loses no write: every OK answer is in the counter.
+    let admitted = affected.iter().filter(|a| a.outcome == Outcome::Ok).count() as u64;
+    assert!(
+        admitted <= charged,
+        "admitted {admitted} > charged {charged}"
+    );
+    assert_exact(&server, place.few).await;
+    eprintln!(
+        "CLUSTER FAILOVER: promoted {:?} after the command, exact {recovered:?} after the promotion",
+        promoted - started
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_flush_on_every_node_is_invisible() {
+    let _serial = serial().await;
+    let cluster = RedisCluster::start_with_replicas();
+    let place = Placement::pick(&cluster);
+    let server = sluice(&cluster).await;
+    let loads = start_loads(&server, &cluster, &place).await;
+    let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
+    let before = server.metrics().await.get(fallbacks);
+
+    let flushed = Instant::now();
+    for node in &cluster.nodes {
+        assert_eq!(node.cli(&["script", "flush"]).trim(), "OK");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // NOSCRIPT is handled inside the store: not one call took the failure mode.
+    let (affected, charged) = finish(&cluster, loads, &place, None, flushed, "SCRIPT FLUSH").await;
+    assert_eq!(
+        server.metrics().await.get(fallbacks),
+        before,
+        "NOSCRIPT surfaced"
+    );
+    assert!(affected.iter().all(|a| a.outcome == Outcome::Ok));
+    assert_eq!(charged, affected.len() as u64, "affected slot counter");
+    assert_exact(&server, place.few).await;
+}

@@ -20,12 +20,17 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use sluice::store::breaker::BreakerSettings;
+
 use support::fault::{
     assert_all_answered, call, count_of, quantile, redis_key, serial, slot, Answer, Load, Outcome,
     RULES,
 };
 use support::redis::RedisCluster;
 use support::TestServer;
+
+/// Time for a breaker's probe call to come back once its backoff ends.
+const PROBE_GRACE: Duration = Duration::from_millis(300);
 
 /// `--redis-timeout`, as in `tests/faults.rs` (debug build on a loaded shared machine).
 const STORE_TIMEOUT: &str = "50ms";
@@ -307,12 +312,14 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
     // its cluster sync connects to every primary and fails as a whole
     // (`router/clustered.rs`, `sync`), so until the replica is promoted every slot
     // takes its failure mode, not only the dead shard's. Other slots are exact again
-    // once the cluster has replaced the primary.
+    // once the cluster has replaced the primary, and once their node's circuit breaker
+    // (opened by those failures) has probed again: at most its longest backoff later.
+    let healthy_from = exact_at + BreakerSettings::default().max_backoff + PROBE_GRACE;
     let (affected, charged) = finish(
         &cluster,
         loads,
         &place,
-        Some(exact_at),
+        Some(healthy_from),
         exact_at,
         "kill -9 primary",
     )

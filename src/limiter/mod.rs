@@ -8,6 +8,7 @@
 pub mod blocked;
 pub mod explain;
 pub mod fallback;
+pub mod precheck;
 pub mod stats;
 
 use std::borrow::Cow;
@@ -21,8 +22,9 @@ use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
-use blocked::{Blocked, BlockedCache};
+use blocked::BlockedCache;
 use fallback::Fallback;
+use precheck::Precheck;
 
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -120,6 +122,10 @@ pub struct Limiter<S> {
     clock: Arc<dyn Clock>,
     /// Answers checks by failure mode when the store cannot.
     fallback: Fallback,
+    /// Hot keys this instance alone has used up, refused without a store call.
+    precheck: Precheck,
+    /// Whether the pre-check runs (by default only for stores shared with others).
+    precheck_on: bool,
 }
 
 /// A descriptor waiting for its decision.
@@ -145,13 +151,22 @@ impl<S: Store> Limiter<S> {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            store,
             settings,
             metrics,
             blocked: BlockedCache::new(blocked::DEFAULT_CAPACITY),
             fallback: Fallback::new(settings.replicas, clock.clone()),
             clock,
+            precheck: Precheck::new(precheck::DEFAULT_CAPACITY),
+            precheck_on: store.is_shared(),
+            store,
         }
+    }
+
+    /// Turns the local pre-check on or off (it is on for shared stores). Tests turn it
+    /// on over a memory store shared by several limiters.
+    pub fn with_precheck(mut self, on: bool) -> Self {
+        self.precheck_on = on;
+        self
     }
 
     /// The store behind this limiter.
@@ -241,8 +256,21 @@ impl<S: Store> Limiter<S> {
             if let Some(blocked) = self.blocked.get(check.key, &check.limits, check.cost, now) {
                 let index = item.index;
                 any_blocked = true;
-                verdicts[index] = self.blocked_verdict(item, &blocked, now);
+                let decision = blocked.decision_at(now);
+                verdicts[index] =
+                    self.local_verdict(item, "blocked_cache", blocked.limit_index, decision);
                 continue;
+            }
+            if self.precheck_on && !item.rule.shadow_mode {
+                if let Some((limit_index, decision)) =
+                    self.precheck
+                        .refuses(check.key, &check.limits, check.cost, now)
+                {
+                    let index = item.index;
+                    any_blocked = true;
+                    verdicts[index] = self.local_verdict(item, "precheck", limit_index, decision);
+                    continue;
+                }
             }
             to_store.push(item);
             store_checks.push(check);
@@ -347,6 +375,12 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
+        if self.precheck_on && !item.rule.shadow_mode {
+            self.precheck
+                .charge(check.key, &check.limits, check.cost, now, decisions);
+        }
+        // Shadow rules use the cache too: the reference's local cache counts their
+        // refusals (`over_limit_with_local_cache`); their answer is OK either way.
         if !decision.allowed {
             self.blocked.insert(
                 check.key,
@@ -370,14 +404,15 @@ impl<S: Store> Limiter<S> {
         self.finish(item, limit_index, decision, split.near_limit > 0)
     }
 
-    /// A verdict answered from the blocked-until cache.
-    fn blocked_verdict<'r>(
+    /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
+    fn local_verdict<'r>(
         &self,
         item: Pending<'r>,
-        blocked: &Blocked,
-        now: Micros,
+        layer: &'static str,
+        limit_index: usize,
+        decision: Decision,
     ) -> Verdict<'r> {
-        self.metrics.local_decision("blocked_cache");
+        self.metrics.local_decision(layer);
         let label = &item.stats_label;
         self.metrics.add_rule_hits(label, "total_hits", item.hits);
         self.metrics.add_rule_hits(label, "over_limit", item.hits);
@@ -385,7 +420,7 @@ impl<S: Store> Limiter<S> {
             self.metrics
                 .add_rule_hits(label, "over_limit_with_local_cache", item.hits);
         }
-        self.finish(item, blocked.limit_index, blocked.decision_at(now), false)
+        self.finish(item, limit_index, decision, false)
     }
 
     /// Shadow handling and the per-rule decision count, common to every verdict.

@@ -80,6 +80,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Short name for `/status` and logs (`memory`, `redis`, ...).
     fn kind(&self) -> &'static str;
+
+    /// Whether other instances share these counters (a remote store): the hot-key
+    /// layers that answer from local memory are only worth their cost then.
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
 
 /// A shared store is a store (the server keeps a handle for background sweeps).
@@ -102,5 +108,9 @@ impl<T: Store> Store for std::sync::Arc<T> {
 
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+
+    fn is_shared(&self) -> bool {
+        (**self).is_shared()
     }
 }

@@ -161,6 +161,10 @@ impl Store for RedisStore {
         self.submit(vec![check.clone()], false, decisions).await
     }
 
+    fn is_shared(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         match self.mode {
             RedisMode::Standalone => "redis",

@@ -8,6 +8,7 @@
 pub mod blocked;
 pub mod explain;
 pub mod fallback;
+pub mod lease;
 pub mod precheck;
 pub mod stats;
 
@@ -20,10 +21,11 @@ use tracing::Instrument;
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
-use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
+use crate::store::{CounterKey, LeaseRequest, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
 use blocked::BlockedCache;
 use fallback::Fallback;
+use lease::Leases;
 use precheck::Precheck;
 
 /// One descriptor of a request, borrowed from the wire message.
@@ -126,6 +128,8 @@ pub struct Limiter<S> {
     precheck: Precheck,
     /// Whether the pre-check runs (by default only for stores shared with others).
     precheck_on: bool,
+    /// Units this instance leased per hot key (only for stores that lease).
+    leases: Leases,
 }
 
 /// A descriptor waiting for its decision.
@@ -158,6 +162,7 @@ impl<S: Store> Limiter<S> {
             clock,
             precheck: Precheck::new(precheck::DEFAULT_CAPACITY),
             precheck_on: store.is_shared(),
+            leases: Leases::new(lease::DEFAULT_CAPACITY, settings.replicas),
             store,
         }
     }
@@ -244,7 +249,7 @@ impl<S: Store> Limiter<S> {
         let mut any_blocked = false;
         let mut to_store = Vec::with_capacity(pending.len());
         let mut store_checks = Vec::with_capacity(checks.len());
-        for (item, check) in pending.into_iter().zip(checks) {
+        for (mut item, check) in pending.into_iter().zip(checks) {
             if item
                 .rule
                 .name
@@ -260,6 +265,21 @@ impl<S: Store> Limiter<S> {
                 verdicts[index] =
                     self.local_verdict(item, "blocked_cache", blocked.limit_index, decision);
                 continue;
+            }
+            let leased = self.store.is_shared()
+                && !self.settings.stop_increment_when_over_limit
+                && item.rule.limits.len() == 1;
+            if leased {
+                let lease = item.rule.limits[0].lease;
+                if let Some(units) = self.leases.size(&lease, &check, now) {
+                    match self.leased(item, &check, units, lease.ttl).await {
+                        Ok((index, verdict)) => {
+                            verdicts[index] = verdict;
+                            continue;
+                        }
+                        Err(unleased) => item = unleased,
+                    }
+                }
             }
             if self.precheck_on && !item.rule.shadow_mode {
                 if let Some((limit_index, decision)) =
@@ -392,6 +412,17 @@ impl<S: Store> Limiter<S> {
             );
         }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
+        self.record(item, limit_index, decision, limit)
+    }
+
+    /// Records a decided descriptor's statistics and builds its verdict.
+    fn record<'r>(
+        &self,
+        item: Pending<'r>,
+        limit_index: usize,
+        decision: Decision,
+        limit: u64,
+    ) -> Verdict<'r> {
         let split = stats::split_hits(&decision, limit, item.hits, self.settings.near_limit_ratio);
         let label = &item.stats_label;
         self.metrics.add_rule_hits(label, "total_hits", item.hits);
@@ -402,6 +433,81 @@ impl<S: Store> Limiter<S> {
         self.metrics
             .add_rule_hits(label, "over_limit", split.over_limit);
         self.finish(item, limit_index, decision, split.near_limit > 0)
+    }
+
+    /// Decides a check of a leased rule: from this instance's lease if it has the
+    /// units, else with one lease call (return the unused, decide, lease `units` more).
+    /// Gives the item back when the store cannot lease (the normal path answers it).
+    async fn leased<'r>(
+        &self,
+        item: Pending<'r>,
+        check: &StoreCheck,
+        units: u64,
+        lifetime: Micros,
+    ) -> Result<(usize, Verdict<'r>), Pending<'r>> {
+        let slot = self.leases.slot(check);
+        let mut slot = slot.lock().await;
+        let now = self.clock.now();
+        let label = item.stats_label.clone();
+        let limit = check.limits.first().map_or(0, |l| l.quota.limit);
+        if let Some(decision) = slot.take(check.cost, now) {
+            self.metrics.local_decision("lease");
+            self.lease_gauge(&label, -gauge(check.cost));
+            let index = item.index;
+            return Ok((index, self.record(item, 0, decision, limit)));
+        }
+        let request = LeaseRequest {
+            check: check.clone(),
+            units,
+            lifetime,
+            give_back: slot.give_back(),
+        };
+        let Ok(grant) = self.store.lease(&request).await else {
+            return Err(item);
+        };
+        self.lease_gauge(&label, gauge(grant.units) - gauge(slot.units));
+        if let Some(limit) = check.limits.first() {
+            self.metrics
+                .lease_bound
+                .get_or_create(&crate::telemetry::RuleLabel {
+                    rule: label.clone(),
+                })
+                .set(self.leases.bound(limit, units, lifetime));
+        }
+        slot.renew(&request, &label, &grant, now);
+        let index = item.index;
+        Ok((index, self.verdict(item, check, &[grant.decision], now)))
+    }
+
+    /// Gives back the unused units of expired leases, or of every lease when
+    /// `all` (at shutdown). The server runs it every [`lease::RETURN_INTERVAL`]; a
+    /// failed return is retried on the next run.
+    pub async fn return_leases(&self, all: bool) {
+        for slot in self.leases.slots() {
+            let Ok(mut slot) = slot.try_lock() else {
+                continue;
+            };
+            if slot.units == 0 || !(all || slot.is_expired(self.clock.now())) {
+                continue;
+            }
+            let Some(request) = slot.return_request() else {
+                continue;
+            };
+            if self.store.lease(&request).await.is_ok() {
+                if let Some(rule) = slot.rule().cloned() {
+                    self.lease_gauge(&rule, -gauge(slot.units));
+                }
+                slot.units = 0;
+            }
+        }
+    }
+
+    /// Moves a rule's outstanding-units gauge by `delta`.
+    fn lease_gauge(&self, rule: &Arc<str>, delta: i64) {
+        self.metrics
+            .lease_outstanding
+            .get_or_create(&crate::telemetry::RuleLabel { rule: rule.clone() })
+            .inc_by(delta);
     }
 
     /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
@@ -451,6 +557,11 @@ impl<S: Store> Limiter<S> {
             over_limit: !decision.allowed && !shadow,
         })
     }
+}
+
+/// Units as a gauge delta.
+fn gauge(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
 }
 
 /// Whole seconds until `micros` have passed, rounded up (the reference's

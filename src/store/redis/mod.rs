@@ -11,6 +11,7 @@
 
 pub mod batcher;
 pub mod client;
+pub mod lease;
 pub mod script;
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use client::{mask_url, RedisMode, RedisOptions};
 
 use crate::algorithm::{Decision, Micros};
-use crate::store::{Store, StoreCheck, StoreError};
+use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
 
@@ -86,6 +87,15 @@ impl RedisStore {
             .unwrap_or_else(|| Err(StoreError::Protocol("no reply".into())))?;
         decisions.extend(result);
         Ok(())
+    }
+
+    /// A lease call at an injected time `now` instead of Redis `TIME` (tests only).
+    pub async fn lease_at(
+        &self,
+        request: &LeaseRequest,
+        now: Micros,
+    ) -> Result<LeaseGrant, StoreError> {
+        lease::run(&self.shared, request, Some(now)).await
     }
 
     /// Queues `checks` for the batcher and waits for their decisions.
@@ -163,6 +173,17 @@ impl Store for RedisStore {
 
     fn is_shared(&self) -> bool {
         true
+    }
+
+    async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let started = Instant::now();
+        let result = lease::run(&self.shared, request, None).await;
+        let metrics = &self.shared.metrics;
+        metrics.store_duration("lease", started.elapsed());
+        if let Err(error) = &result {
+            metrics.store_error(error.kind());
+        }
+        result
     }
 
     fn kind(&self) -> &'static str {

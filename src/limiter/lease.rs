@@ -24,9 +24,11 @@
 //!   returned keeps its units charged until its window ends or the bucket refills.
 //!
 //! `auto`: a key is leased once this instance has seen [`AUTO_MIN_RATE`] checks of it
-//! within one second (the current or the previous); the lease size is
+//! within one second (the current or the previous; counted on a fixed array of
+//! meters, see [`METERS`]); the lease size is
 //! `capacity / (16 × R)` (at least 1, at most [`MAX_AUTO_UNITS`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -89,9 +91,21 @@ impl Slot {
         })
     }
 
-    /// The unused units to give back with the next call, and the grant's store time.
-    pub fn give_back(&self) -> Option<(u64, Micros)> {
-        (self.units > 0).then_some((self.units, self.granted_at))
+    /// Takes the unused units out (so nothing admits from them while they travel
+    /// back), with the grant's store time; [`Slot::restore`] puts them back if the
+    /// call fails.
+    pub fn give_back(&mut self) -> Option<(u64, Micros)> {
+        let units = std::mem::take(&mut self.units);
+        (units > 0).then_some((units, self.granted_at))
+    }
+
+    /// Puts back units taken by [`Slot::give_back`] for a call that failed.
+    pub fn restore(&mut self, give_back: Option<(u64, Micros)>) {
+        if let Some((units, granted_at)) = give_back {
+            if granted_at == self.granted_at {
+                self.units = self.units.saturating_add(units);
+            }
+        }
     }
 
     /// Whether this slot holds units that can no longer be used at `now`.
@@ -99,15 +113,17 @@ impl Slot {
         self.units > 0 && now >= self.expires
     }
 
-    /// The call returning this slot's unused units, if any.
-    pub fn return_request(&self) -> Option<LeaseRequest> {
+    /// The call returning this slot's unused units (taken out, see
+    /// [`Slot::give_back`]), if any.
+    pub fn return_request(&mut self) -> Option<LeaseRequest> {
         let mut check = self.check.clone()?;
         check.cost = 0;
+        let give_back = self.give_back()?;
         Some(LeaseRequest {
             check,
             units: 0,
             lifetime: self.lifetime,
-            give_back: self.give_back(),
+            give_back: Some(give_back),
         })
     }
 
@@ -143,21 +159,60 @@ impl Slot {
     }
 }
 
-/// Checks of one key this instance saw, per second (for `auto`).
+/// One leased key: its slot, and the lock one renewal at a time holds.
 #[derive(Debug, Default)]
-struct Meter {
-    second: u64,
-    count: u64,
-    previous: u64,
+pub struct Cell {
+    /// The lease; a short synchronous lock (taking units never waits on the store).
+    slot: Mutex<Slot>,
+    /// Held across a lease call, so that an instance renews a key once at a time and
+    /// callers that find the lease empty wait for the renewal instead of racing it.
+    pub renewing: tokio::sync::Mutex<()>,
+}
+
+impl Cell {
+    /// The slot, locked.
+    pub fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Rate meters of `auto`: keys hash onto [`METERS`] packed atomic counters (no
+/// allocation per key). Bits 0..24: checks this second; bit 24: the previous second
+/// reached [`AUTO_MIN_RATE`]; bits 25..: the second. Keys sharing a meter look hotter
+/// than they are, which only leases them sooner (the bound holds for any key leased).
+const METERS: usize = 8_192;
+
+/// Bits of a meter.
+const COUNT_MASK: u64 = (1 << 24) - 1;
+const WAS_HOT: u64 = 1 << 24;
+const SECOND_SHIFT: u32 = 25;
+
+/// Counts one check on `meter` at second `second`; whether the key is hot.
+fn count_check(meter: &AtomicU64, second: u64) -> bool {
+    let mut current = meter.load(Ordering::Relaxed);
+    loop {
+        let same_second = current >> SECOND_SHIFT == second & (u64::MAX >> SECOND_SHIFT);
+        let next = if same_second {
+            let count = ((current & COUNT_MASK) + 1).min(COUNT_MASK);
+            (current & !COUNT_MASK) | count
+        } else {
+            let was_hot =
+                second == (current >> SECOND_SHIFT) + 1 && current & COUNT_MASK >= AUTO_MIN_RATE;
+            (second << SECOND_SHIFT) | if was_hot { WAS_HOT } else { 0 } | 1
+        };
+        match meter.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next & WAS_HOT != 0 || next & COUNT_MASK >= AUTO_MIN_RATE,
+            Err(seen) => current = seen,
+        }
+    }
 }
 
 /// The leases of this instance.
 pub struct Leases {
-    /// One slot per leased key (counter and limits fingerprint); async lock, held
-    /// across the lease call so one instance renews a key once at a time.
-    slots: Cache<(CounterKey, u64), Arc<tokio::sync::Mutex<Slot>>>,
-    /// Rate meters of `auto` keys.
-    meters: Cache<(CounterKey, u64), Arc<Mutex<Meter>>>,
+    /// One cell per leased key (counter and limits fingerprint).
+    slots: Cache<(CounterKey, u64), Arc<Cell>>,
+    /// Rate meters of `auto` keys (see [`METERS`]).
+    meters: Box<[AtomicU64]>,
     /// Instances sharing the store.
     replicas: u64,
 }
@@ -167,7 +222,7 @@ impl Leases {
     pub fn new(capacity: u64, replicas: u32) -> Self {
         Self {
             slots: Cache::new(capacity),
-            meters: Cache::new(capacity),
+            meters: (0..METERS).map(|_| AtomicU64::new(0)).collect(),
             replicas: u64::from(replicas.max(1)),
         }
     }
@@ -184,34 +239,21 @@ impl Leases {
             LeaseMode::Off => None,
             LeaseMode::Units(units) => Some(u64::from(units)),
             LeaseMode::Auto => {
-                let meter = self
-                    .meters
-                    .get_with((check.key, fingerprint(&check.limits)), Default::default);
-                let mut meter = meter.lock().unwrap_or_else(PoisonError::into_inner);
-                let second = now / MICROS_PER_SECOND;
-                if second != meter.second {
-                    meter.previous = if second == meter.second + 1 {
-                        meter.count
-                    } else {
-                        0
-                    };
-                    (meter.second, meter.count) = (second, 0);
-                }
-                meter.count += 1;
-                (meter.count.max(meter.previous) >= AUTO_MIN_RATE)
+                let index = (check.key.0 as usize ^ (check.key.0 >> 64) as usize) % METERS;
+                count_check(&self.meters[index], now / MICROS_PER_SECOND)
                     .then(|| (capacity(limit) / (16 * self.replicas)).clamp(1, MAX_AUTO_UNITS))
             }
         }
     }
 
-    /// The slot of a check's key.
-    pub fn slot(&self, check: &StoreCheck) -> Arc<tokio::sync::Mutex<Slot>> {
+    /// The cell of a check's key.
+    pub fn cell(&self, check: &StoreCheck) -> Arc<Cell> {
         self.slots
             .get_with((check.key, fingerprint(&check.limits)), Default::default)
     }
 
-    /// Every slot, for the return loop.
-    pub fn slots(&self) -> Vec<Arc<tokio::sync::Mutex<Slot>>> {
+    /// Every cell, for the return loop.
+    pub fn cells(&self) -> Vec<Arc<Cell>> {
         self.slots.iter().map(|(_, slot)| slot).collect()
     }
 
@@ -236,5 +278,90 @@ fn capacity(limit: &LimitCheck) -> u64 {
     match limit.algorithm {
         AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => limit.quota.burst,
         _ => limit.quota.limit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Quota;
+
+    fn check(cost: u64) -> StoreCheck {
+        StoreCheck {
+            key: CounterKey(9),
+            limits: vec![LimitCheck {
+                algorithm: AlgorithmKind::FixedWindow,
+                quota: Quota {
+                    limit: 100,
+                    period: 60_000_000,
+                    burst: 100,
+                    stop_increment_when_over_limit: false,
+                },
+            }],
+            cost,
+        }
+    }
+
+    fn grant(units: u64, window_left: Micros) -> LeaseGrant {
+        LeaseGrant {
+            decision: Decision {
+                allowed: true,
+                remaining: 89,
+                reset_after: window_left,
+                retry_after: 0,
+                used: 11,
+            },
+            units,
+            store_now: 5_000,
+            window_left,
+        }
+    }
+
+    #[test]
+    fn a_lease_admits_until_spent_or_expired_and_never_past_the_window() {
+        let request = LeaseRequest {
+            check: check(1),
+            units: 10,
+            lifetime: 250_000,
+            give_back: None,
+        };
+        let rule: Arc<str> = Arc::from("d.k");
+        let mut slot = Slot::default();
+        // The window ends 100 ms after the grant: the lease ends there, not at 250 ms.
+        slot.renew(&request, &rule, &grant(10, 100_000), 1_000);
+        assert_eq!(slot.take(4, 2_000).map(|d| d.remaining), Some(79 + 6));
+        assert!(slot.take(7, 2_000).is_none(), "only 6 left");
+        assert!(slot.take(1, 101_000).is_none(), "expired at the window end");
+        assert!(slot.is_expired(101_000));
+        assert_eq!(slot.give_back(), Some((6, 5_000)));
+        assert_eq!(slot.units, 0, "given-back units cannot be used");
+        slot.restore(Some((6, 5_000)));
+        assert_eq!(slot.units, 6, "a failed return restores them");
+        let back = slot.return_request().expect("units to return");
+        assert_eq!(back.check.cost, 0);
+        assert_eq!(back.give_back, Some((6, 5_000)));
+    }
+
+    #[test]
+    fn auto_leases_keys_above_the_rate_threshold() {
+        let meter = AtomicU64::new(0);
+        let hot: Vec<bool> = (0..AUTO_MIN_RATE).map(|_| count_check(&meter, 7)).collect();
+        assert!(!hot[..(AUTO_MIN_RATE - 1) as usize].iter().any(|h| *h));
+        assert!(hot[(AUTO_MIN_RATE - 1) as usize], "hot at the threshold");
+        assert!(count_check(&meter, 8), "still hot the next second");
+        assert!(!count_check(&meter, 10), "cold after a quiet second");
+
+        let leases = Leases::new(10, 4);
+        let lease = Lease {
+            mode: LeaseMode::Auto,
+            ttl: 250_000,
+        };
+        let sizes: Vec<Option<u64>> = (0..AUTO_MIN_RATE)
+            .map(|_| leases.size(&lease, &check(1), 3_000_000))
+            .collect();
+        assert_eq!(sizes[0], None);
+        // 100 / (16 × 4) = 1.
+        assert_eq!(sizes[(AUTO_MIN_RATE - 1) as usize], Some(1));
+        assert_eq!(leases.bound(&check(1).limits[0], 10, 250_000), 30);
     }
 }

@@ -445,27 +445,39 @@ impl<S: Store> Limiter<S> {
         units: u64,
         lifetime: Micros,
     ) -> Result<(usize, Verdict<'r>), Pending<'r>> {
-        let slot = self.leases.slot(check);
-        let mut slot = slot.lock().await;
-        let now = self.clock.now();
+        let cell = self.leases.cell(check);
         let label = item.stats_label.clone();
         let limit = check.limits.first().map_or(0, |l| l.quota.limit);
-        if let Some(decision) = slot.take(check.cost, now) {
+        let taken = cell.slot().take(check.cost, self.clock.now());
+        let (renewing, taken) = match taken {
+            Some(decision) => (None, Some(decision)),
+            None => {
+                // Wait for a renewal in flight, then look again before renewing.
+                let renewing = cell.renewing.lock().await;
+                let taken = cell.slot().take(check.cost, self.clock.now());
+                (Some(renewing), taken)
+            }
+        };
+        if let Some(decision) = taken {
             self.metrics.local_decision("lease");
             self.lease_gauge(&label, -gauge(check.cost));
             let index = item.index;
             return Ok((index, self.record(item, 0, decision, limit)));
         }
+        let now = self.clock.now();
+        let give_back = cell.slot().give_back();
         let request = LeaseRequest {
             check: check.clone(),
             units,
             lifetime,
-            give_back: slot.give_back(),
+            give_back,
         };
         let Ok(grant) = self.store.lease(&request).await else {
+            cell.slot().restore(give_back);
             return Err(item);
         };
-        self.lease_gauge(&label, gauge(grant.units) - gauge(slot.units));
+        let returned = give_back.map_or(0, |(units, _)| units);
+        self.lease_gauge(&label, gauge(grant.units) - gauge(returned));
         if let Some(limit) = check.limits.first() {
             self.metrics
                 .lease_bound
@@ -474,7 +486,8 @@ impl<S: Store> Limiter<S> {
                 })
                 .set(self.leases.bound(limit, units, lifetime));
         }
-        slot.renew(&request, &label, &grant, now);
+        cell.slot().renew(&request, &label, &grant, now);
+        drop(renewing);
         let index = item.index;
         Ok((index, self.verdict(item, check, &[grant.decision], now)))
     }
@@ -483,21 +496,26 @@ impl<S: Store> Limiter<S> {
     /// `all` (at shutdown). The server runs it every [`lease::RETURN_INTERVAL`]; a
     /// failed return is retried on the next run.
     pub async fn return_leases(&self, all: bool) {
-        for slot in self.leases.slots() {
-            let Ok(mut slot) = slot.try_lock() else {
+        for cell in self.leases.cells() {
+            let Ok(_renewing) = cell.renewing.try_lock() else {
                 continue;
             };
-            if slot.units == 0 || !(all || slot.is_expired(self.clock.now())) {
-                continue;
-            }
-            let Some(request) = slot.return_request() else {
+            let (request, rule) = {
+                let mut slot = cell.slot();
+                if !(all && slot.units > 0 || slot.is_expired(self.clock.now())) {
+                    continue;
+                }
+                (slot.return_request(), slot.rule().cloned())
+            };
+            let Some(request) = request else {
                 continue;
             };
             if self.store.lease(&request).await.is_ok() {
-                if let Some(rule) = slot.rule().cloned() {
-                    self.lease_gauge(&rule, -gauge(slot.units));
+                if let (Some(rule), Some((units, _))) = (rule, request.give_back) {
+                    self.lease_gauge(&rule, -gauge(units));
                 }
-                slot.units = 0;
+            } else {
+                cell.slot().restore(request.give_back);
             }
         }
     }

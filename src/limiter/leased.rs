@@ -1,0 +1,111 @@
+//! The leased path of the [`Limiter`]: answers from this instance's lease, renews it
+//! with one lease call, and returns unused units (see [`super::lease`] for the bounds).
+
+use std::sync::Arc;
+
+use super::{Limiter, Pending, Verdict};
+use crate::algorithm::Micros;
+use crate::store::{LeaseRequest, Store, StoreCheck};
+use crate::telemetry::RuleLabel;
+
+// === impl Limiter ===
+
+impl<S: Store> Limiter<S> {
+    /// Decides a check of a leased rule: from this instance's lease if it has the
+    /// units, else with one lease call (return the unused, decide, lease `units` more).
+    /// Gives the item back when the store cannot lease (the normal path answers it).
+    pub(super) async fn leased<'r>(
+        &self,
+        item: Pending<'r>,
+        check: &StoreCheck,
+        units: u64,
+        lifetime: Micros,
+    ) -> Result<(usize, Verdict<'r>), Pending<'r>> {
+        let cell = self.leases.cell(check);
+        let label = item.stats_label.clone();
+        let limit = check.limits.first().map_or(0, |l| l.quota.limit);
+        let taken = cell.slot().take(check.cost, self.clock.now());
+        let (renewing, taken) = match taken {
+            Some(decision) => (None, Some(decision)),
+            None => {
+                // Wait for a renewal in flight, then look again before renewing.
+                let renewing = cell.renewing.lock().await;
+                let taken = cell.slot().take(check.cost, self.clock.now());
+                (Some(renewing), taken)
+            }
+        };
+        if let Some(decision) = taken {
+            self.metrics.local_decision("lease");
+            self.lease_gauge(&label, -gauge(check.cost));
+            let index = item.index;
+            return Ok((index, self.record(item, 0, decision, limit)));
+        }
+        let now = self.clock.now();
+        let give_back = cell.slot().give_back();
+        let request = LeaseRequest {
+            check: check.clone(),
+            units,
+            lifetime,
+            give_back,
+        };
+        let Ok(grant) = self.store.lease(&request).await else {
+            cell.slot().restore(give_back);
+            return Err(item);
+        };
+        let returned = give_back.map_or(0, |(units, _)| units);
+        self.lease_gauge(&label, gauge(grant.units) - gauge(returned));
+        if let Some(limit) = check.limits.first() {
+            self.metrics
+                .lease_bound
+                .get_or_create(&RuleLabel {
+                    rule: label.clone(),
+                })
+                .set(self.leases.bound(limit, units, lifetime));
+        }
+        cell.slot().renew(&request, &label, &grant, now);
+        drop(renewing);
+        let index = item.index;
+        Ok((index, self.verdict(item, check, &[grant.decision], now)))
+    }
+
+    /// Gives back the unused units of expired leases, or of every lease when
+    /// `all` (at shutdown). The server runs it every [`super::lease::RETURN_INTERVAL`]; a
+    /// failed return is retried on the next run.
+    pub async fn return_leases(&self, all: bool) {
+        for cell in self.leases.cells() {
+            let Ok(_renewing) = cell.renewing.try_lock() else {
+                continue;
+            };
+            let (request, rule) = {
+                let mut slot = cell.slot();
+                if !(all && slot.units > 0 || slot.is_expired(self.clock.now())) {
+                    continue;
+                }
+                (slot.return_request(), slot.rule().cloned())
+            };
+            let Some(request) = request else {
+                continue;
+            };
+            if self.store.lease(&request).await.is_ok() {
+                if let (Some(rule), Some((units, _))) = (rule, request.give_back) {
+                    self.lease_gauge(&rule, -gauge(units));
+                }
+            } else {
+                cell.slot().restore(request.give_back);
+            }
+        }
+    }
+
+    /// Moves a rule's outstanding-units gauge by `delta`.
+    fn lease_gauge(&self, rule: &Arc<str>, delta: i64) {
+        self.metrics
+            .lease_outstanding
+            .get_or_create(&RuleLabel { rule: rule.clone() })
+            .inc_by(delta);
+    }
+}
+
+/// Units as a gauge delta.
+fn gauge(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
+}

@@ -185,9 +185,17 @@ async fn hot_keys_are_absorbed_locally() {
         auto.push(run(&remote, Some(&redis), "many_auto", true).await);
     }
     let redis_many_off = median(off);
-    row("redis", "distinct keys, lease off (median of 3)", &redis_many_off);
+    row(
+        "redis",
+        "distinct keys, lease off (median of 3)",
+        &redis_many_off,
+    );
     let redis_many_auto = median(auto);
-    row("redis", "distinct keys, lease auto (median of 3)", &redis_many_auto);
+    row(
+        "redis",
+        "distinct keys, lease auto (median of 3)",
+        &redis_many_auto,
+    );
 
     assert!(
         redis_over.local_share >= 0.95,

@@ -121,7 +121,7 @@ async fn lease_script_charges_and_returns_what_is_safe() {
                     check: check(key, kind, 0),
                     units: 0,
                     lifetime,
-                    give_back: Some((10, t0)),
+                    give_back: Some((10, t0, lifetime)),
                 },
                 t0,
             )
@@ -170,7 +170,7 @@ async fn lease_script_charges_and_returns_what_is_safe() {
     let later = t0 + 1_800_000_000;
     let before = peek_remaining(&store, &check(key, kind, 1), later).await;
     store
-        .lease_at(&lease(Some((30, t0)), 0, 0), later)
+        .lease_at(&lease(Some((30, t0, lifetime)), 0, 0), later)
         .await
         .expect("return");
     assert_eq!(
@@ -286,6 +286,95 @@ async fn accuracy(store: &str, url: &str) {
             "{algorithm}: admitted {admitted} < 1000 - {bound}"
         );
         assert!(leased > 0.0, "{algorithm}: leases answered");
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// Token bucket and GCRA refill while leases live: over the whole run (from the first
+/// call sent to the last answer, which contains every admission), admitted units stay
+/// within `burst + rate × duration`, the algorithms' own guarantee. Without the
+/// lease's refill reserve, units used after they were charged could exceed it by up
+/// to `rate × lease_ttl` per lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refilling_buckets_never_admit_beyond_their_guarantee() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let rules = "domain: refill\ndescriptors:\n  - key: token_bucket\n    rate_limit: {unit: second, requests_per_unit: 200, algorithm: token_bucket, lease: 10}\n  - key: gcra\n    rate_limit: {unit: second, requests_per_unit: 200, algorithm: gcra, lease: 10}\n";
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let server = TestServer::start(
+            &[("refill.yaml".to_owned(), rules.to_owned())],
+            &[],
+            &[
+                "--store",
+                "redis",
+                "--redis-url",
+                &url,
+                "--redis-timeout",
+                "2s",
+                "--replicas",
+                "4",
+            ],
+        )
+        .await;
+        clients.push(server.client().await);
+        servers.push(server);
+    }
+    for algorithm in ["token_bucket", "gcra"] {
+        let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let started = std::time::Instant::now();
+        let stop = started + Duration::from_millis(1_500);
+        let tasks: Vec<_> = (0..64)
+            .map(|caller| {
+                let mut client = clients[caller % clients.len()].clone();
+                let admitted = admitted.clone();
+                tokio::spawn(async move {
+                    while std::time::Instant::now() < stop {
+                        let request = RateLimitRequest {
+                            domain: "refill".into(),
+                            descriptors: vec![RateLimitDescriptor {
+                                entries: vec![Entry {
+                                    key: algorithm.into(),
+                                    value: "one".into(),
+                                }],
+                                limit: None,
+                                hits_addend: None,
+                            }],
+                            hits_addend: 1,
+                        };
+                        let response = client.should_rate_limit(request).await.expect("rpc");
+                        if response.into_inner().overall_code == Code::Ok as i32 {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("caller");
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let admitted = admitted.load(std::sync::atomic::Ordering::Relaxed) as f64;
+        let guarantee = 200.0 + 200.0 * seconds;
+        println!("{algorithm}: admitted {admitted} in {seconds:.3} s, guarantee {guarantee:.0}");
+        assert!(
+            admitted <= guarantee,
+            "{algorithm}: admitted {admitted} > burst + rate x {seconds:.3} s = {guarantee:.0}"
+        );
+        // Early refusal stays within the exported bound: (4 - 1) x 10 + 4 x 200/s x
+        // 50 ms = 70 units (a lease lives at most the 50 ms the bucket takes to refill
+        // its 10 units, so its reserve is at most 10), counting the refill of the run
+        // less half a second of client-side start and finish.
+        let bound = servers[0].metrics().await.get(&format!(
+            "sluice_lease_early_refusal_bound_units{{rule=\"refill.{algorithm}\"}}"
+        ));
+        assert_eq!(bound, 70.0, "{algorithm}: exported bound");
+        let floor = 200.0 + 200.0 * (seconds - 0.5) - bound;
+        println!("{algorithm}: floor {floor:.0}");
+        assert!(admitted >= floor, "{algorithm}: {admitted} < {floor:.0}");
     }
     for server in servers {
         server.stop().await;

@@ -14,10 +14,11 @@
 //!   after it was charged, which a bucket would count as refill it had not earned, so a
 //!   lease also charges the refill of its lifetime (`L × limit / period` units, the
 //!   *reserve*); a return gives back only what a never-charged bucket would still miss
-//!   (see `scripts/lease.lua`).
+//!   (see `scripts/lease.lua`). Their lease lives at most the time the bucket takes to
+//!   refill `N` ([`lifetime`]), so the reserve never exceeds `N`.
 //! - **May refuse early** by at most the units sitting unused in other instances'
-//!   leases: `(R − 1) × N`, plus `R × L × limit / period` of reserve for token bucket
-//!   and GCRA, for at most `L` + [`RETURN_INTERVAL`] after a lease stops being used.
+//!   leases: `(R − 1) × N`, plus `R × L × limit / period` (≤ `R × N`) of reserve for
+//!   token bucket and GCRA, for at most `L` + [`RETURN_INTERVAL`] after a lease stops being used.
 //!   Exported per rule as `sluice_lease_early_refusal_bound_units`; the units held now
 //!   as `sluice_lease_outstanding_units`.
 //! - A lease evicted from the bounded table ([`DEFAULT_CAPACITY`] keys) before it is
@@ -92,16 +93,16 @@ impl Slot {
     }
 
     /// Takes the unused units out (so nothing admits from them while they travel
-    /// back), with the grant's store time; [`Slot::restore`] puts them back if the
+    /// back), with the grant's store time and the lease's lifetime; [`Slot::restore`] puts them back if the
     /// call fails.
-    pub fn give_back(&mut self) -> Option<(u64, Micros)> {
+    pub fn give_back(&mut self) -> Option<(u64, Micros, Micros)> {
         let units = std::mem::take(&mut self.units);
-        (units > 0).then_some((units, self.granted_at))
+        (units > 0).then_some((units, self.granted_at, self.lifetime))
     }
 
     /// Puts back units taken by [`Slot::give_back`] for a call that failed.
-    pub fn restore(&mut self, give_back: Option<(u64, Micros)>) {
-        if let Some((units, granted_at)) = give_back {
+    pub fn restore(&mut self, give_back: Option<(u64, Micros, Micros)>) {
+        if let Some((units, granted_at, _)) = give_back {
             if granted_at == self.granted_at {
                 self.units = self.units.saturating_add(units);
             }
@@ -259,6 +260,7 @@ impl Leases {
 
     /// The documented bound of early refusal for a lease of `units` (see the module
     /// documentation).
+    /// `lifetime` is the lease's own (see [`lifetime`]).
     pub fn bound(&self, limit: &LimitCheck, units: u64, lifetime: Micros) -> i64 {
         let others = (self.replicas - 1).saturating_mul(units);
         let reserve = match limit.algorithm {
@@ -270,6 +272,21 @@ impl Leases {
             _ => 0,
         };
         i64::try_from(others.saturating_add(reserve)).unwrap_or(i64::MAX)
+    }
+}
+
+/// Lifetime of a lease of `units` under `limit` with `lease_ttl` = `ttl`. Token bucket
+/// and GCRA: at most the time the bucket takes to refill `units`, so that the refill
+/// reserve never exceeds the lease itself (a fast bucket would otherwise pay
+/// `rate × ttl` per lease). Window algorithms: `ttl` (the window end caps it later).
+pub fn lifetime(limit: &LimitCheck, units: u64, ttl: Micros) -> Micros {
+    match limit.algorithm {
+        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra if limit.quota.limit > 0 => {
+            let refill =
+                u128::from(units) * u128::from(limit.quota.period) / u128::from(limit.quota.limit);
+            ttl.min(u64::try_from(refill).unwrap_or(u64::MAX)).max(1)
+        }
+        _ => ttl,
     }
 }
 
@@ -333,13 +350,13 @@ mod tests {
         assert!(slot.take(7, 2_000).is_none(), "only 6 left");
         assert!(slot.take(1, 101_000).is_none(), "expired at the window end");
         assert!(slot.is_expired(101_000));
-        assert_eq!(slot.give_back(), Some((6, 5_000)));
+        assert_eq!(slot.give_back(), Some((6, 5_000, 250_000)));
         assert_eq!(slot.units, 0, "given-back units cannot be used");
-        slot.restore(Some((6, 5_000)));
+        slot.restore(Some((6, 5_000, 250_000)));
         assert_eq!(slot.units, 6, "a failed return restores them");
         let back = slot.return_request().expect("units to return");
         assert_eq!(back.check.cost, 0);
-        assert_eq!(back.give_back, Some((6, 5_000)));
+        assert_eq!(back.give_back, Some((6, 5_000, 250_000)));
     }
 
     #[test]

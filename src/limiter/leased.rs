@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Limiter, Pending, Verdict};
+use super::{lease, Limiter, Pending, Verdict};
 use crate::algorithm::Micros;
 use crate::store::{LeaseRequest, Store, StoreCheck};
 use crate::telemetry::RuleLabel;
@@ -41,6 +41,10 @@ impl<S: Store> Limiter<S> {
             return Ok((index, self.record(item, 0, decision, limit)));
         }
         let now = self.clock.now();
+        let lifetime = check
+            .limits
+            .first()
+            .map_or(lifetime, |limit| lease::lifetime(limit, units, lifetime));
         let give_back = cell.slot().give_back();
         let request = LeaseRequest {
             check: check.clone(),
@@ -52,7 +56,7 @@ impl<S: Store> Limiter<S> {
             cell.slot().restore(give_back);
             return Err(item);
         };
-        let returned = give_back.map_or(0, |(units, _)| units);
+        let returned = give_back.map_or(0, |(units, _, _)| units);
         self.lease_gauge(&label, gauge(grant.units) - gauge(returned));
         if let Some(limit) = check.limits.first() {
             self.metrics
@@ -87,7 +91,7 @@ impl<S: Store> Limiter<S> {
                 continue;
             };
             if self.store.lease(&request).await.is_ok() {
-                if let (Some(rule), Some((units, _))) = (rule, request.give_back) {
+                if let (Some(rule), Some((units, _, _))) = (rule, request.give_back) {
                     self.lease_gauge(&rule, -gauge(units));
                 }
             } else {

@@ -43,8 +43,9 @@ pub struct LeaseRequest {
     /// Longest life of the lease in microseconds (token bucket and GCRA reserve its
     /// refill, see `limiter::lease`).
     pub lifetime: Micros,
-    /// The previous lease's unused units and the store time it was granted at.
-    pub give_back: Option<(u64, Micros)>,
+    /// The previous lease's unused units, the store time it was granted at and its
+    /// lifetime.
+    pub give_back: Option<(u64, Micros, Micros)>,
 }
 
 /// What a lease call answered.

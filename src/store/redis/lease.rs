@@ -55,7 +55,7 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<(String, Vec<Stri
     let code = algorithm_code(limit.algorithm).ok_or_else(|| {
         StoreError::Protocol(format!("{} cannot lease", limit.algorithm.as_str()))
     })?;
-    let (unused, granted_at) = request.give_back.unwrap_or((0, 0));
+    let (unused, granted_at, granted_lifetime) = request.give_back.unwrap_or((0, 0, 0));
     let args = vec![
         now.map(|now| now.to_string()).unwrap_or_default(),
         code.to_string(),
@@ -68,6 +68,7 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<(String, Vec<Stri
         unused.to_string(),
         granted_at.to_string(),
         request.lifetime.to_string(),
+        granted_lifetime.to_string(),
     ];
     Ok((limit_key(check.key, 0), args))
 }

@@ -9,7 +9,8 @@
 --   [8] units to lease if the request is admitted (0: none)
 --   [9] unused units of the previous lease to return (0: none)
 --  [10] store time at which that lease was granted
---  [11] lease lifetime L in µs (token bucket and GCRA reserve L's refill)
+--  [11] lifetime L of the new lease in µs (token bucket and GCRA reserve L's refill)
+--  [12] lifetime of the returned lease
 -- In order: return the unused units (only what is safe, see below), decide the request
 -- exactly as main.lua would, then, if admitted, take the lease all-or-nothing.
 -- Returns 8 integers: the request's decision (allowed, remaining, reset_after,
@@ -33,6 +34,7 @@ local units = tonumber(ARGV[8])
 local unused = tonumber(ARGV[9])
 local granted_at = tonumber(ARGV[10])
 local lifetime = tonumber(ARGV[11])
+local returned_lifetime = tonumber(ARGV[12])
 local algo = ALGOS[kind]
 if algo == nil or kind == 3 then
   return redis.error_reply('sluice lease: algorithm ' .. tostring(kind) .. ' cannot lease')
@@ -80,7 +82,7 @@ if unused > 0 then
     end
   elseif kind == 4 then
     local rate = q.limit / q.period
-    local reserve = sat_sub(lifetime, elapsed) * rate
+    local reserve = sat_sub(returned_lifetime, elapsed) * rate
     local back = unused + reserve - elapsed * rate
     if back > 0 then
       local deficit = tb_deficit_at(state, now, q) - back
@@ -92,7 +94,7 @@ if unused > 0 then
     end
   elseif kind == 5 then
     local per = mx_intervals(unused, q)
-    local back = per.us + sat_sub(lifetime, elapsed) - elapsed
+    local back = per.us + sat_sub(returned_lifetime, elapsed) - elapsed
     if back > 0 then
       local tat = mx_sub(gcra_tat_of(state, q), { us = back, frac = 0 }, q)
       state = { tat = tat.us, frac = tat.frac }

@@ -98,10 +98,11 @@ async fn local_layers_only_refuse_what_the_store_refuses() {
     {
         let (mut local, mut store_refused) = (0, 0);
         for _ in 0..3_000 {
-            // Mostly small steps: traffic far above the limit, with pauses now and then.
-            let step = match rng.next(10) {
+            // Mostly small steps (about 40 calls a second: the keys are hot), traffic
+            // far above the limit, with pauses now and then.
+            let step = match rng.next(50) {
                 0 => rng.next(1_500_000),
-                _ => rng.next(40_000),
+                _ => rng.next(20_000),
             };
             clock.advance(step);
             let cost = 1 + rng.next(3);

@@ -26,17 +26,17 @@
 //!
 //! `auto`: a key is leased once this instance has seen [`AUTO_MIN_RATE`] checks of it
 //! within one second (the current or the previous; counted on a fixed array of
-//! meters, see [`METERS`]); the lease size is
+//! meters, see [`Meters`]); the lease size is
 //! `capacity / (16 × R)` (at least 1, at most [`MAX_AUTO_UNITS`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use moka::sync::Cache;
 
 use super::blocked::fingerprint;
-use crate::algorithm::{AlgorithmKind, Decision, Micros, MICROS_PER_SECOND};
+use super::meter::Meters;
+use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::rules::{Lease, LeaseMode};
 use crate::store::{CounterKey, LeaseGrant, LeaseRequest, LimitCheck, StoreCheck};
 
@@ -177,43 +177,12 @@ impl Cell {
     }
 }
 
-/// Rate meters of `auto`: keys hash onto [`METERS`] packed atomic counters (no
-/// allocation per key). Bits 0..24: checks this second; bit 24: the previous second
-/// reached [`AUTO_MIN_RATE`]; bits 25..: the second. Keys sharing a meter look hotter
-/// than they are, which only leases them sooner (the bound holds for any key leased).
-const METERS: usize = 8_192;
-
-/// Bits of a meter.
-const COUNT_MASK: u64 = (1 << 24) - 1;
-const WAS_HOT: u64 = 1 << 24;
-const SECOND_SHIFT: u32 = 25;
-
-/// Counts one check on `meter` at second `second`; whether the key is hot.
-fn count_check(meter: &AtomicU64, second: u64) -> bool {
-    let mut current = meter.load(Ordering::Relaxed);
-    loop {
-        let same_second = current >> SECOND_SHIFT == second & (u64::MAX >> SECOND_SHIFT);
-        let next = if same_second {
-            let count = ((current & COUNT_MASK) + 1).min(COUNT_MASK);
-            (current & !COUNT_MASK) | count
-        } else {
-            let was_hot =
-                second == (current >> SECOND_SHIFT) + 1 && current & COUNT_MASK >= AUTO_MIN_RATE;
-            (second << SECOND_SHIFT) | if was_hot { WAS_HOT } else { 0 } | 1
-        };
-        match meter.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return next & WAS_HOT != 0 || next & COUNT_MASK >= AUTO_MIN_RATE,
-            Err(seen) => current = seen,
-        }
-    }
-}
-
 /// The leases of this instance.
 pub struct Leases {
     /// One cell per leased key (counter and limits fingerprint).
     slots: Cache<(CounterKey, u64), Arc<Cell>>,
-    /// Rate meters of `auto` keys (see [`METERS`]).
-    meters: Box<[AtomicU64]>,
+    /// Rate meters of `auto` keys.
+    meters: Meters,
     /// Instances sharing the store.
     replicas: u64,
 }
@@ -223,7 +192,7 @@ impl Leases {
     pub fn new(capacity: u64, replicas: u32) -> Self {
         Self {
             slots: Cache::new(capacity),
-            meters: (0..METERS).map(|_| AtomicU64::new(0)).collect(),
+            meters: Meters::new(AUTO_MIN_RATE),
             replicas: u64::from(replicas.max(1)),
         }
     }
@@ -239,11 +208,10 @@ impl Leases {
         match lease.mode {
             LeaseMode::Off => None,
             LeaseMode::Units(units) => Some(u64::from(units)),
-            LeaseMode::Auto => {
-                let index = (check.key.0 as usize ^ (check.key.0 >> 64) as usize) % METERS;
-                count_check(&self.meters[index], now / MICROS_PER_SECOND)
-                    .then(|| (capacity(limit) / (16 * self.replicas)).clamp(1, MAX_AUTO_UNITS))
-            }
+            LeaseMode::Auto => self
+                .meters
+                .hot(check.key, now)
+                .then(|| (capacity(limit) / (16 * self.replicas)).clamp(1, MAX_AUTO_UNITS)),
         }
     }
 
@@ -361,13 +329,6 @@ mod tests {
 
     #[test]
     fn auto_leases_keys_above_the_rate_threshold() {
-        let meter = AtomicU64::new(0);
-        let hot: Vec<bool> = (0..AUTO_MIN_RATE).map(|_| count_check(&meter, 7)).collect();
-        assert!(!hot[..(AUTO_MIN_RATE - 1) as usize].iter().any(|h| *h));
-        assert!(hot[(AUTO_MIN_RATE - 1) as usize], "hot at the threshold");
-        assert!(count_check(&meter, 8), "still hot the next second");
-        assert!(!count_check(&meter, 10), "cold after a quiet second");
-
         let leases = Leases::new(10, 4);
         let lease = Lease {
             mode: LeaseMode::Auto,

@@ -10,6 +10,7 @@ pub mod explain;
 pub mod fallback;
 pub mod lease;
 mod leased;
+pub mod meter;
 pub mod precheck;
 pub mod stats;
 

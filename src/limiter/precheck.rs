@@ -4,11 +4,11 @@
 //! so the request is refused without a store call.
 //!
 //! Only for stores shared with other instances: with the memory store the store *is*
-//! local memory. Which keys are kept: every key the store admits is offered to a bounded
-//! moka cache ([`DEFAULT_CAPACITY`] keys), whose TinyLFU admission keeps the keys used
-//! most often and turns away one-off keys once it is full. A key is therefore "hot" when
-//! it is used more often than the coldest key the cache holds; nothing is allocated for
-//! a key the cache refuses.
+//! local memory. Which keys: a key is hot once this instance sees [`MIN_RATE`] checks
+//! of it within a second (allocation-free [`Meters`]); from then on its admitted units
+//! are charged locally (starting from nothing, which is sound: a subset of the store's
+//! charges). Hot keys live in a bounded moka cache ([`DEFAULT_CAPACITY`] keys) whose
+//! TinyLFU admission keeps the most used ones when it is full.
 //!
 //! Why it never refuses a request the store would admit (per limit; a rule refuses when
 //! any of its limits does, as the store does). Let the store's clock run at the rate of
@@ -35,11 +35,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use moka::sync::Cache;
 
 use super::blocked::fingerprint;
+use super::meter::Meters;
 use crate::algorithm::{self, AlgorithmKind, Decision, Micros, State};
 use crate::store::{CounterKey, LimitCheck};
 
 /// Default number of hot keys kept.
 pub const DEFAULT_CAPACITY: u64 = 10_000;
+
+/// Checks per second from which a key is hot.
+pub const MIN_RATE: u64 = 10;
 
 /// What one limit of a hot key looks like from this instance.
 #[derive(Clone, Debug)]
@@ -67,6 +71,8 @@ type Entry = Arc<Mutex<Vec<Local>>>;
 pub struct Precheck {
     /// Keyed by counter and limits fingerprint (an edited rule starts afresh).
     cache: Cache<(CounterKey, u64), Entry>,
+    /// Which keys are hot.
+    meters: Meters,
 }
 
 impl Precheck {
@@ -74,6 +80,7 @@ impl Precheck {
     pub fn new(capacity: u64) -> Self {
         Self {
             cache: Cache::new(capacity),
+            meters: Meters::new(MIN_RATE),
         }
     }
 
@@ -89,7 +96,14 @@ impl Precheck {
         if cost == 0 {
             return None;
         }
-        let entry = self.cache.get(&(counter, fingerprint(limits)))?;
+        let key = (counter, fingerprint(limits));
+        let Some(entry) = self.cache.get(&key) else {
+            if self.meters.hot(counter, now) {
+                let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
+                self.cache.insert(key, Arc::new(Mutex::new(views)));
+            }
+            return None;
+        };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
         for (index, (view, limit)) in views.iter().zip(limits).enumerate() {
             let refusal = match view {
@@ -128,9 +142,9 @@ impl Precheck {
         if cost == 0 || decisions.len() != limits.len() || decisions.iter().any(|d| !d.allowed) {
             return;
         }
-        let entry = self.cache.get_with((counter, fingerprint(limits)), || {
-            Arc::new(Mutex::new(Vec::new()))
-        });
+        let Some(entry) = self.cache.get(&(counter, fingerprint(limits))) else {
+            return;
+        };
         let mut views = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if views.len() != limits.len() {
             *views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();

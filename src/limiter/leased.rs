@@ -3,24 +3,37 @@
 
 use std::sync::Arc;
 
-use super::{lease, Limiter, Pending, Verdict};
+use super::fallback::{self, Fallback};
+use super::{lease, Limiter, LimiterError, Pending, Verdict};
 use crate::algorithm::Micros;
-use crate::store::{LeaseRequest, Store, StoreCheck};
+use crate::rules::FailureMode;
+use crate::store::{LeaseRequest, Store, StoreCheck, StoreError};
 use crate::telemetry::RuleLabel;
+
+/// How the leased path ended.
+pub(super) enum Leased<'r> {
+    /// Answered: the descriptor's index and verdict.
+    Answered(usize, Verdict<'r>),
+    /// The store does not lease: the normal path decides.
+    Unleased(Pending<'r>),
+    /// The store failed and the rule's failure mode is `error`.
+    Failed(LimiterError),
+}
 
 // === impl Limiter ===
 
 impl<S: Store> Limiter<S> {
     /// Decides a check of a leased rule: from this instance's lease if it has the
     /// units, else with one lease call (return the unused, decide, lease `units` more).
-    /// Gives the item back when the store cannot lease (the normal path answers it).
+    /// A store that failed is answered by the rule's failure mode at once (one
+    /// deadline, not two); a store that does not lease gives the item back.
     pub(super) async fn leased<'r>(
         &self,
         item: Pending<'r>,
         check: &StoreCheck,
         units: u64,
         lifetime: Micros,
-    ) -> Result<(usize, Verdict<'r>), Pending<'r>> {
+    ) -> Leased<'r> {
         let cell = self.leases.cell(check);
         let label = item.stats_label.clone();
         let limit = check.limits.first().map_or(0, |l| l.quota.limit);
@@ -38,7 +51,7 @@ impl<S: Store> Limiter<S> {
             self.metrics.local_decision("lease");
             self.lease_gauge(&label, -gauge(check.cost));
             let index = item.index;
-            return Ok((index, self.record(item, 0, decision, limit)));
+            return Leased::Answered(index, self.record(item, 0, decision, limit));
         }
         let now = self.clock.now();
         let lifetime = check
@@ -52,9 +65,15 @@ impl<S: Store> Limiter<S> {
             lifetime,
             give_back,
         };
-        let Ok(grant) = self.store.lease(&request).await else {
-            cell.slot().restore(give_back);
-            return Err(item);
+        let grant = match self.store.lease(&request).await {
+            Ok(grant) => grant,
+            Err(error) => {
+                cell.slot().restore(give_back);
+                return match error {
+                    StoreError::Protocol(_) => Leased::Unleased(item),
+                    error => self.lease_failed(item, check, error, now).await,
+                };
+            }
         };
         let returned = give_back.map_or(0, |(units, _, _)| units);
         self.lease_gauge(&label, gauge(grant.units) - gauge(returned));
@@ -69,7 +88,27 @@ impl<S: Store> Limiter<S> {
         cell.slot().renew(&request, &label, &grant, now);
         drop(renewing);
         let index = item.index;
-        Ok((index, self.verdict(item, check, &[grant.decision], now)))
+        Leased::Answered(index, self.verdict(item, check, &[grant.decision], now))
+    }
+
+    /// The rule's failure mode answers a lease call that failed.
+    async fn lease_failed<'r>(
+        &self,
+        item: Pending<'r>,
+        check: &StoreCheck,
+        error: StoreError,
+        now: Micros,
+    ) -> Leased<'r> {
+        let mode = Fallback::mode(&item.rule);
+        self.metrics
+            .store_fallback(&item.stats_label, fallback::mode_name(mode));
+        if mode == FailureMode::Error {
+            return Leased::Failed(LimiterError::Store(error));
+        }
+        let mut decisions = Vec::with_capacity(1);
+        self.fallback.decide(mode, check, &mut decisions).await;
+        let index = item.index;
+        Leased::Answered(index, self.verdict(item, check, &decisions, now))
     }
 
     /// Gives back the unused units of expired leases, or of every lease when

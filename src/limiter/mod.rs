@@ -28,6 +28,7 @@ use crate::telemetry::Metrics;
 use blocked::BlockedCache;
 use fallback::Fallback;
 use lease::Leases;
+use leased::Leased;
 use precheck::Precheck;
 
 /// One descriptor of a request, borrowed from the wire message.
@@ -275,11 +276,12 @@ impl<S: Store> Limiter<S> {
                 let lease = item.rule.limits[0].lease;
                 if let Some(units) = self.leases.size(&lease, &check, now) {
                     match self.leased(item, &check, units, lease.ttl).await {
-                        Ok((index, verdict)) => {
+                        Leased::Answered(index, verdict) => {
                             verdicts[index] = verdict;
                             continue;
                         }
-                        Err(unleased) => item = unleased,
+                        Leased::Unleased(unleased) => item = unleased,
+                        Leased::Failed(error) => return Err(error),
                     }
                 }
             }

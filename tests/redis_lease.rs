@@ -286,6 +286,14 @@ async fn accuracy(store: &str, url: &str) {
             "{algorithm}: admitted {admitted} < 1000 - {bound}"
         );
         assert!(leased > 0.0, "{algorithm}: leases answered");
+        // Expired leases give their units back within lease_ttl + the return interval.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        for server in &servers {
+            let outstanding = server.metrics().await.get(&format!(
+                "sluice_lease_outstanding_units{{rule=\"{rule}\"}}"
+            ));
+            assert_eq!(outstanding, 0.0, "{algorithm}: units still leased");
+        }
     }
     for server in servers {
         server.stop().await;
@@ -376,6 +384,69 @@ async fn refilling_buckets_never_admit_beyond_their_guarantee() {
         println!("{algorithm}: floor {floor:.0}");
         assert!(admitted >= floor, "{algorithm}: {admitted} < {floor:.0}");
     }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// An instance that stops getting traffic gives its unused units back once its lease
+/// expires, so another instance can use the whole limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_leases_are_returned_to_other_instances() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let rules = "domain: back\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 20, lease: 10, lease_ttl: 100ms}\n";
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        servers.push(
+            TestServer::start(
+                &[("back.yaml".to_owned(), rules.to_owned())],
+                &[],
+                &["--store", "redis", "--redis-url", &url, "--replicas", "2"],
+            )
+            .await,
+        );
+    }
+    let request = || RateLimitRequest {
+        domain: "back".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 1,
+    };
+    let ok = |response: tonic::Response<sluice::proto::rls::RateLimitResponse>| {
+        response.into_inner().overall_code == Code::Ok as i32
+    };
+    let mut first = servers[0].client().await;
+    assert!(ok(first.should_rate_limit(request()).await.expect("rpc")));
+    let held = servers[0]
+        .metrics()
+        .await
+        .get("sluice_lease_outstanding_units{rule=\"back.k\"}");
+    assert_eq!(held, 10.0, "the first instance leased 10 units");
+    // 100 ms lease + 50 ms return interval, with margin.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let held = servers[0]
+        .metrics()
+        .await
+        .get("sluice_lease_outstanding_units{rule=\"back.k\"}");
+    assert_eq!(held, 0.0, "returned after expiry");
+    let mut second = servers[1].client().await;
+    let mut admitted = 0;
+    for _ in 0..30 {
+        if ok(second.should_rate_limit(request()).await.expect("rpc")) {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 19,
+        "the second instance gets all but the first's one"
+    );
     for server in servers {
         server.stop().await;
     }

@@ -29,6 +29,7 @@
 //! meters, see [`Meters`]); the lease size is
 //! `capacity / (16 × R)` (at least 1, at most [`MAX_AUTO_UNITS`]).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -185,6 +186,8 @@ pub struct Leases {
     meters: Meters,
     /// Instances sharing the store.
     replicas: u64,
+    /// Units held in all leases (the return loop has nothing to do at zero).
+    held: AtomicI64,
 }
 
 impl Leases {
@@ -194,6 +197,7 @@ impl Leases {
             slots: Cache::new(capacity),
             meters: Meters::new(AUTO_MIN_RATE),
             replicas: u64::from(replicas.max(1)),
+            held: AtomicI64::new(0),
         }
     }
 
@@ -219,6 +223,16 @@ impl Leases {
     pub fn cell(&self, check: &StoreCheck) -> Arc<Cell> {
         self.slots
             .get_with((check.key, fingerprint(&check.limits)), Default::default)
+    }
+
+    /// Moves the count of units held by `delta`.
+    pub fn add_held(&self, delta: i64) {
+        self.held.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Whether any lease holds units.
+    pub fn any_held(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
     }
 
     /// Every cell, for the return loop.

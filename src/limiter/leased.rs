@@ -115,6 +115,9 @@ impl<S: Store> Limiter<S> {
     /// `all` (at shutdown). The server runs it every [`super::lease::RETURN_INTERVAL`]; a
     /// failed return is retried on the next run.
     pub async fn return_leases(&self, all: bool) {
+        if !self.leases.any_held() {
+            return;
+        }
         for cell in self.leases.cells() {
             let Ok(_renewing) = cell.renewing.try_lock() else {
                 continue;
@@ -141,6 +144,7 @@ impl<S: Store> Limiter<S> {
 
     /// Moves a rule's outstanding-units gauge by `delta`.
     fn lease_gauge(&self, rule: &Arc<str>, delta: i64) {
+        self.leases.add_held(delta);
         self.metrics
             .lease_outstanding
             .get_or_create(&RuleLabel { rule: rule.clone() })

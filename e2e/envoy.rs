@@ -18,6 +18,12 @@ async fn envoy_end_to_end_memory_store() {
     suite(Store::Memory).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_end_to_end_redis_store() {
+    let redis = support::common::redis::RedisServer::start();
+    suite(Store::Redis(redis.url())).await;
+}
+
 /// Every scenario against one store.
 async fn suite(store: Store) {
     let rules = repo_root().join("deploy/envoy/rules");

@@ -67,7 +67,6 @@ SCENARIOS = {
     # The values deploy/istio/ tells users to install with.
     "istio": (yaml.safe_load(open(os.path.join(REPO, "deploy/istio/values.yaml"))), True),
     "existing-configmap": ({"existingConfigMap": "my-rules", "podDisruptionBudget": {"enabled": False}}, True),
-    # TODO(redis store): serve does not know --redis-url yet; flip to True when it does.
     "redis": (
         {
             "store": "redis",
@@ -76,7 +75,7 @@ SCENARIOS = {
                 "auth": {"existingSecret": "redis-auth", "key": "password"},
             },
         },
-        False,
+        True,
     ),
 }
 

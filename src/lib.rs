@@ -7,9 +7,11 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod bench;
 pub mod clock;
 pub mod commands;
 pub mod limiter;
+pub mod listener;
 pub mod proto;
 pub mod rules;
 pub mod server;

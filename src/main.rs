@@ -29,7 +29,51 @@ fn main() -> anyhow::Result<ExitCode> {
                 sluice::commands::explain(&args, &mut std::io::stdout(), &mut std::io::stderr())?;
             Ok(exit_code(ok))
         }
+        Command::Bench(args) => {
+            let report = runtime(Some(args.threads))?.block_on(sluice::bench::run(&args))?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchServer(args) => runtime(args.workers)?.block_on(async {
+            let listener = tokio::net::TcpListener::bind(args.grpc_addr)
+                .await
+                .with_context(|| format!("binding {}", args.grpc_addr))?;
+            eprintln!("constant-OK RLS server on {}", args.grpc_addr);
+            sluice::bench::ceiling::serve(listener, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::BenchMemory(args) => {
+            let report =
+                sluice::bench::memory::measure(args.keys).context("reading /proc/self/status")?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!(
+                    "{} token-bucket keys ({} held): RSS {} -> {} bytes, {:.1} bytes per key",
+                    report.keys,
+                    report.held,
+                    report.rss_before,
+                    report.rss_after,
+                    report.bytes_per_key
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// A multi-threaded runtime with `workers` threads (default: one per core).
+fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(workers) = workers {
+        runtime.worker_threads(workers.max(1));
+    }
+    runtime.build().context("starting the async runtime")
 }
 
 fn exit_code(ok: bool) -> ExitCode {
@@ -51,19 +95,17 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(exit_code(ok));
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all();
-    if let Some(workers) = settings.workers {
-        runtime.worker_threads(workers.max(1));
-    }
-    let runtime = runtime.build().context("starting the async runtime")?;
-    runtime.block_on(async {
+    runtime(settings.workers)?.block_on(async {
         // Inside the runtime: the OTLP exporter's gRPC channel lives on it.
         let _telemetry = telemetry::init(
             settings.log_format,
             &settings.log_level,
             settings.otlp_endpoint.as_deref(),
         );
+        match sluice::listener::raise_open_file_limit() {
+            Ok(limit) => tracing::debug!(limit, "open file limit"),
+            Err(error) => tracing::warn!(%error, "open file limit not raised"),
+        }
         let grpc = tokio::net::TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC listener {}", settings.grpc_addr))?;

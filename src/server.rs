@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::Limiter;
+use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
@@ -54,6 +54,9 @@ pub enum ServerError {
     /// The store could not be set up (a configuration error, not an outage).
     #[error("store: {0}")]
     Store(String),
+    /// The gRPC TLS files could not be loaded at start.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] crate::listener::tls::TlsError),
 }
 
 /// Readiness and drain state shared by the admin port and the gRPC health service.
@@ -224,13 +227,18 @@ async fn serve<S: Store>(
     let (grpc_addr, http_addr) = (addr(&listeners.grpc), addr(&listeners.http));
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(Some(1024))
+    let tls = match settings.grpc_tls.clone() {
+        Some(tls) => Some(Arc::new(ReloadingTls::load(tls)?)),
+        None => None,
+    };
+    let (reflection_v1, reflection_v1alpha) = reflection_services();
+    let grpc = grpc_server_builder()
         .add_service(health_service)
         .add_service(rls)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
+            listener::incoming(listeners.grpc, tls),
             wait_for(stop_rx.clone()),
         );
     let admin_state = Arc::new(AdminState {
@@ -289,6 +297,12 @@ async fn serve<S: Store>(
     }
     tracing::info!("sluice stopped");
     result
+}
+
+/// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that
+/// it measures the same stack).
+pub fn grpc_server_builder() -> tonic::transport::Server {
+    listener::hardened_server()
 }
 
 /// Turns reload outcomes into metrics, logs and readiness.
@@ -362,6 +376,36 @@ async fn set_health(health: &HealthReporter, serving: bool) {
     };
     health.set_service_status("", status).await;
     health.set_service_status(HEALTH_SERVICE_NAME, status).await;
+}
+
+/// gRPC server reflection (v1 and v1alpha, for grpcurl and friends) over the RLS and
+/// health protos. A descriptor that does not build only costs reflection, with a log line.
+fn reflection_services() -> (
+    Option<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+    >,
+    Option<
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    >,
+) {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = builder()
+        .build_v1()
+        .map_err(|error| tracing::warn!(%error, "gRPC reflection (v1) unavailable"))
+        .ok();
+    let v1alpha = builder()
+        .build_v1alpha()
+        .map_err(|error| tracing::warn!(%error, "gRPC reflection (v1alpha) unavailable"))
+        .ok();
+    (v1, v1alpha)
 }
 
 /// Completes when the stop flag turns true.

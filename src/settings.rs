@@ -34,6 +34,14 @@ pub enum Command {
     Check(CheckArgs),
     /// Show which rule each descriptor matches and why, without touching any counter.
     Explain(ExplainArgs),
+    /// Load-test any RLS server: req/s, latency percentiles, OK/OVER_LIMIT/error counts.
+    Bench(Box<crate::bench::BenchArgs>),
+    /// Bench only: serve a constant OK over Sluice's gRPC stack (the throughput ceiling).
+    #[command(hide = true)]
+    BenchServer(BenchServerArgs),
+    /// Bench only: memory store bytes per token-bucket key (RSS growth ÷ keys).
+    #[command(hide = true)]
+    BenchMemory(BenchMemoryArgs),
 }
 
 /// Flags of `sluice explain`.
@@ -56,6 +64,28 @@ pub struct ExplainArgs {
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
     pub merge_domains: Option<bool>,
     /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `sluice bench-server`.
+#[derive(Debug, Args)]
+pub struct BenchServerArgs {
+    /// gRPC listener.
+    #[arg(long, default_value = "127.0.0.1:8091")]
+    pub grpc_addr: SocketAddr,
+    /// Tokio worker threads [default: number of cores].
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+/// Flags of `sluice bench-memory`.
+#[derive(Debug, Args)]
+pub struct BenchMemoryArgs {
+    /// Token-bucket keys to insert.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: u64,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -173,6 +203,9 @@ pub struct ServeArgs {
     /// Used by deployment checks (the Helm chart test) to prove a container's arguments.
     #[arg(long, hide = true)]
     pub check_config_only: bool,
+    /// gRPC TLS and mTLS.
+    #[command(flatten)]
+    pub tls: crate::listener::tls::TlsArgs,
 }
 
 /// Where counters live.
@@ -232,6 +265,8 @@ pub struct Settings {
     pub debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
+    /// gRPC TLS (`None`: plaintext).
+    pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }
 
 /// A setting that could not be understood.
@@ -459,6 +494,7 @@ impl Settings {
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
             ignored_env,
+            grpc_tls: crate::listener::tls::TlsSettings::resolve(&args.tls, env)?,
         })
     }
 }

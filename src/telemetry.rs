@@ -6,8 +6,9 @@
 //! `ratelimit.service.rate_limit.<key>.<stat>` map one to one onto
 //! `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -78,6 +79,20 @@ pub struct OpLabel {
     pub op: &'static str,
 }
 
+/// A store node label (`host:port`, or `redis` for a single node).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The node.
+    pub node: Arc<str>,
+}
+
+/// A circuit-breaker state label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `closed`, `open` or `half_open`.
+    pub state: &'static str,
+}
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -122,8 +137,142 @@ pub struct Metrics {
     pub store_errors: Family<KindLabel, Counter>,
     /// Checks answered by a rule's failure mode because the store failed.
     pub store_fallbacks: Family<FallbackLabels, Counter>,
+    /// Circuit breaker state per store node: 0 closed, 1 open, 2 half-open.
+    pub breaker_state: Family<NodeLabel, Gauge>,
+    /// Circuit breaker transitions by the state entered.
+    pub breaker_transitions: Family<StateLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
+    /// Each (domain, rule label) pair's counters, resolved once: the request path then
+    /// pays one pointer-keyed lookup instead of a label-set hash per statistic. Keyed by
+    /// the labels' `Arc` addresses, kept alive by the entry so an address is never
+    /// reused while cached; emptied when it outgrows [`MAX_CACHED_RULES`] (labels of
+    /// replaced rule sets), which loses nothing: the counters live in the families.
+    rule_counters: RwLock<HashMap<(usize, usize), CachedCounters, BuildHasherDefault<PtrHasher>>>,
+}
+
+/// Most cached rule counter sets before the cache starts over.
+const MAX_CACHED_RULES: usize = 4 * MAX_RULE_LABELS;
+
+/// A cache entry: the labels (kept alive) and their counters.
+type CachedCounters = (Arc<str>, Arc<str>, Arc<RuleCounters>);
+
+/// A reference hit statistic (`sluice_rule_hits_total{stat}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleStat {
+    /// `total_hits`.
+    TotalHits,
+    /// `within_limit`.
+    WithinLimit,
+    /// `near_limit`.
+    NearLimit,
+    /// `over_limit`.
+    OverLimit,
+    /// `shadow_mode`.
+    ShadowMode,
+    /// `over_limit_with_local_cache`.
+    OverLimitWithLocalCache,
+}
+
+impl RuleStat {
+    const ALL: [RuleStat; 6] = [
+        Self::TotalHits,
+        Self::WithinLimit,
+        Self::NearLimit,
+        Self::OverLimit,
+        Self::ShadowMode,
+        Self::OverLimitWithLocalCache,
+    ];
+
+    /// The `stat` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TotalHits => "total_hits",
+            Self::WithinLimit => "within_limit",
+            Self::NearLimit => "near_limit",
+            Self::OverLimit => "over_limit",
+            Self::ShadowMode => "shadow_mode",
+            Self::OverLimitWithLocalCache => "over_limit_with_local_cache",
+        }
+    }
+}
+
+/// The `decision` label values.
+pub const DECISIONS: [&str; 4] = ["ok", "over_limit", "near_limit", "shadow_over_limit"];
+
+/// Every counter one rule label can move, each resolved from its family on first use
+/// (so untouched series stay absent from `/metrics`, as before) and then kept.
+pub struct RuleCounters {
+    /// Domain label.
+    domain: Arc<str>,
+    /// Rule label.
+    rule: Arc<str>,
+    /// The per-rule hits family.
+    rule_hits: Family<RuleStatLabels, Counter>,
+    /// The per-rule decisions family.
+    requests: Family<DecisionLabels, Counter>,
+    /// Resolved hit counters, in [`RuleStat::ALL`] order.
+    hits: [OnceLock<Counter>; 6],
+    /// Resolved decision counters, in [`DECISIONS`] order.
+    decisions: [OnceLock<Counter>; 4],
+}
+
+impl RuleCounters {
+    /// Adds `hits` to statistic `stat` (nothing for zero).
+    pub fn add(&self, stat: RuleStat, hits: u64) {
+        if hits == 0 {
+            return;
+        }
+        let index = stat as usize;
+        self.hits[index]
+            .get_or_init(|| {
+                self.rule_hits
+                    .get_or_create(&RuleStatLabels {
+                        rule: self.rule.clone(),
+                        stat: RuleStat::ALL[index].as_str(),
+                    })
+                    .clone()
+            })
+            .inc_by(hits);
+    }
+
+    /// Counts one decision; `decision` is one of [`DECISIONS`].
+    pub fn decision(&self, decision: &'static str) {
+        let Some(index) = DECISIONS.iter().position(|d| *d == decision) else {
+            return;
+        };
+        self.decisions[index]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&DecisionLabels {
+                        domain: self.domain.clone(),
+                        rule: self.rule.clone(),
+                        decision: DECISIONS[index],
+                    })
+                    .clone()
+            })
+            .inc();
+    }
+}
+
+/// Hashes pointer pairs: the addresses are distinct, folding them is enough.
+#[derive(Default)]
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.0 = (self.0.rotate_left(29) ^ value as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl Metrics {
@@ -225,7 +374,21 @@ impl Metrics {
             "Checks answered by the rule's failure mode because the store failed",
             store_fallbacks.clone(),
         );
+        let breaker_state = Family::default();
+        registry.register(
+            "breaker_state",
+            "Store circuit breaker per node: 0 closed, 1 open, 2 half-open",
+            breaker_state.clone(),
+        );
+        let breaker_transitions = Family::default();
+        registry.register(
+            "breaker_transitions",
+            "Store circuit breaker transitions by the state entered",
+            breaker_transitions.clone(),
+        );
         Self {
+            breaker_state,
+            breaker_transitions,
             registry,
             batch_size,
             store_durations,
@@ -244,6 +407,7 @@ impl Metrics {
             lease_bound,
             store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
+            rule_counters: RwLock::new(HashMap::default()),
         }
     }
 
@@ -262,6 +426,39 @@ impl Metrics {
         let label: Arc<str> = Arc::from(stats_key);
         labels.insert(label.clone());
         label
+    }
+
+    /// The counters of rule label `rule` in `domain`, created on first use.
+    pub fn rule_counters(&self, domain: &Arc<str>, rule: &Arc<str>) -> Arc<RuleCounters> {
+        let id = (
+            Arc::as_ptr(domain) as *const u8 as usize,
+            Arc::as_ptr(rule) as *const u8 as usize,
+        );
+        if let Some((_, _, counters)) = self
+            .rule_counters
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+        {
+            return counters.clone();
+        }
+        let counters = Arc::new(RuleCounters {
+            domain: domain.clone(),
+            rule: rule.clone(),
+            rule_hits: self.rule_hits.clone(),
+            requests: self.requests.clone(),
+            hits: Default::default(),
+            decisions: Default::default(),
+        });
+        let mut cache = self
+            .rule_counters
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.len() >= MAX_CACHED_RULES {
+            cache.clear();
+        }
+        cache.insert(id, (domain.clone(), rule.clone(), counters.clone()));
+        counters
     }
 
     /// Adds `hits` to one reference statistic of a rule.
@@ -384,7 +581,10 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let fmt = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        // Colours only on a terminal: log collectors get plain text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
     let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));

@@ -5,13 +5,7 @@ use proptest::prelude::*;
 use sluice::algorithm::{decide, expires_at, AlgorithmKind, Decision, Micros, Quota, State};
 
 const T0: Micros = 1_800_000_000_000_000;
-const KINDS: [AlgorithmKind; 5] = [
-    AlgorithmKind::FixedWindow,
-    AlgorithmKind::SlidingWindow,
-    AlgorithmKind::SlidingLog,
-    AlgorithmKind::TokenBucket,
-    AlgorithmKind::Gcra,
-];
+const KINDS: [AlgorithmKind; 5] = AlgorithmKind::ALL;
 
 /// One decision of a simulated sequence.
 #[derive(Clone, Debug)]

@@ -6,55 +6,21 @@
 //! are skipped. Every failing case is reported, then the test fails.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 
 use serde_json::Value;
 use sluice::rules::{ConfigFile, Entry, LimitOverride, LoadOptions, Lookup, Rules, Unit};
 
-fn conformance_dir() -> Option<PathBuf> {
-    match std::env::var_os("SLUICE_CONFORMANCE_DIR") {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            assert!(
-                dir.join("cases.yaml").is_file(),
-                "SLUICE_CONFORMANCE_DIR={} has no cases.yaml",
-                dir.display()
-            );
-            Some(dir)
-        }
-        None => {
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance");
-            if dir.join("cases.yaml").is_file() {
-                Some(dir)
-            } else {
-                eprintln!(
-                    "conformance data not found at {}; set SLUICE_CONFORMANCE_DIR to run these cases",
-                    dir.display()
-                );
-                None
-            }
-        }
-    }
-}
-
 #[test]
 fn conformance_config_load_and_lookup() {
-    let Some(dir) = conformance_dir() else {
+    let Some(dir) = support::conformance_dir() else {
         return;
     };
-    // The data is YAML 1.2: `Y` and `on` are strings, not booleans.
-    let cases: Value = serde_saphyr::from_str_with_options(
-        &std::fs::read_to_string(dir.join("cases.yaml")).unwrap(),
-        serde_saphyr::options! { strict_booleans: true },
-    )
-    .unwrap();
-    let exclusions_path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance_exclusions.yaml");
-    let exclusions: BTreeMap<String, String> =
-        serde_saphyr::from_str(&std::fs::read_to_string(exclusions_path).unwrap())
-            .unwrap_or_default();
-    let cases = cases["cases"].as_array().unwrap();
+    let exclusions = support::exclusions();
+    let cases = support::load_cases(&dir);
+    let cases = &cases;
 
     let mut failures = Vec::new();
     let mut run = 0;

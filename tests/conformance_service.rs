@@ -862,3 +862,20 @@ fn string_map(value: &Value) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn mask_url() {
+    run_kind(&["mask_url"], |case, _| async move {
+        let input = case["input"].as_str().unwrap_or_default();
+        let expected = case["expect"].as_str().unwrap_or_default();
+        let masked = sluice::store::redis::mask_url(input);
+        if masked == expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "{input:?} masked as {masked:?}, expected {expected:?}"
+            ))
+        }
+    })
+    .await;
+}

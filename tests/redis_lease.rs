@@ -402,7 +402,16 @@ async fn expired_leases_are_returned_to_other_instances() {
             TestServer::start(
                 &[("back.yaml".to_owned(), rules.to_owned())],
                 &[],
-                &["--store", "redis", "--redis-url", &url, "--replicas", "2"],
+                &[
+                    "--store",
+                    "redis",
+                    "--redis-url",
+                    &url,
+                    "--redis-timeout",
+                    "2s",
+                    "--replicas",
+                    "2",
+                ],
             )
             .await,
         );

@@ -6,23 +6,15 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sluice::algorithm::{AlgorithmKind, Decision, Micros, Quota};
 use sluice::clock::ManualClock;
 use sluice::store::memory::MemoryStore;
-use sluice::store::redis::{RedisMode, RedisOptions, RedisStore};
+use sluice::store::redis::RedisMode;
 use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
-use sluice::telemetry::Metrics;
-use support::redis::RedisServer;
+use support::redis::{connected_store, RedisServer};
 
-const KINDS: [AlgorithmKind; 5] = [
-    AlgorithmKind::FixedWindow,
-    AlgorithmKind::SlidingWindow,
-    AlgorithmKind::SlidingLog,
-    AlgorithmKind::TokenBucket,
-    AlgorithmKind::Gcra,
-];
+const KINDS: [AlgorithmKind; 5] = AlgorithmKind::ALL;
 
 /// xorshift64*: a seeded generator, so a failure names its seed.
 struct Rng(u64);
@@ -56,34 +48,11 @@ fn quota(rng: &mut Rng) -> Quota {
 }
 
 /// Store options for tests.
-pub fn options(mode: RedisMode, url: String) -> RedisOptions {
-    RedisOptions {
-        mode,
-        url,
-        auth: None,
-        tls: false,
-        timeout: Duration::from_secs(2),
-        batch_window: Duration::from_micros(100),
-        batch_max: 256,
-        queue: 4096,
-    }
-}
-
-async fn connected(options: &RedisOptions) -> RedisStore {
-    let store = RedisStore::new(options, Arc::new(Metrics::new())).expect("store");
-    for _ in 0..200 {
-        if store.is_connected() {
-            return store;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("redis store did not connect");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_mirrors_rust_on_random_sequences() {
     let server = RedisServer::start();
-    let redis = connected(&options(RedisMode::Standalone, server.url())).await;
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
     let t0: Micros = 1_800_000_000_000_000;
     let mut compared = 0usize;
     for seed in 1..=400u64 {
@@ -166,7 +135,7 @@ async fn lua_mirrors_rust_on_random_sequences() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_call_decides_many_checks_in_order() {
     let server = RedisServer::start();
-    let redis = connected(&options(RedisMode::Standalone, server.url())).await;
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
     let mut rng = Rng(77);
     for round in 0..50u64 {
         let clock = Arc::new(ManualClock::new(1_800_000_000_000_000 + round * 1_000));

@@ -10,6 +10,7 @@ use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_response::Code;
 use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
 use support::TestServer;
+use tokio_stream::StreamExt;
 use tonic::Code as GrpcCode;
 
 const RULES: &str = r#"
@@ -340,13 +341,78 @@ async fn health_follows_rule_loading() {
         assert!(std::time::Instant::now() < deadline, "rules never loaded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // gRPC health mirrors readiness from a task: it may trail /healthcheck briefly.
     for name in ["", "ratelimit"] {
-        let answer = health
-            .check(check(name))
-            .await
-            .expect("health")
-            .into_inner();
-        assert_eq!(answer.status, serving, "service {name:?}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let answer = health
+                .check(check(name))
+                .await
+                .expect("health")
+                .into_inner();
+            if answer.status == serving {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "service {name:?} never SERVING"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_reflection_lists_and_describes_the_services() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let server = start().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = ServerReflectionClient::new(channel);
+    let ask = |request: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(request),
+    };
+    let requests = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".into(),
+        )),
+    ];
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter(requests))
+        .await
+        .expect("reflection stream")
+        .into_inner();
+    let Some(Ok(first)) = answers.next().await else {
+        panic!("no list answer");
+    };
+    let Some(MessageResponse::ListServicesResponse(list)) = first.message_response else {
+        panic!("unexpected answer {first:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_owned()),
+        "{names:?}"
+    );
+    let Some(Ok(second)) = answers.next().await else {
+        panic!("no file answer");
+    };
+    let Some(MessageResponse::FileDescriptorResponse(files)) = second.message_response else {
+        panic!("unexpected answer {second:?}");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
     server.stop().await;
 }

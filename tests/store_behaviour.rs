@@ -3,26 +3,16 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use sluice::algorithm::{AlgorithmKind, Decision, Quota};
 use sluice::clock::SystemClock;
 use sluice::rules::Entry;
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::script::limit_key;
-use sluice::store::redis::{RedisMode, RedisOptions, RedisStore};
+use sluice::store::redis::RedisMode;
 use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
-use sluice::telemetry::Metrics;
-use support::redis::{RedisCluster, RedisServer};
+use support::redis::{connected_store, RedisCluster, RedisServer};
 
-const KINDS: [AlgorithmKind; 5] = [
-    AlgorithmKind::FixedWindow,
-    AlgorithmKind::SlidingWindow,
-    AlgorithmKind::SlidingLog,
-    AlgorithmKind::TokenBucket,
-    AlgorithmKind::Gcra,
-];
+const KINDS: [AlgorithmKind; 5] = AlgorithmKind::ALL;
 
 /// A day: windows and refill are so slow that the few milliseconds a test takes never
 /// change an answer, so the stores' different clocks do not matter.
@@ -159,37 +149,13 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
     transcript
 }
 
-fn options(mode: RedisMode, url: String) -> RedisOptions {
-    RedisOptions {
-        mode,
-        url,
-        auth: None,
-        tls: false,
-        timeout: Duration::from_secs(2),
-        batch_window: Duration::from_micros(100),
-        batch_max: 256,
-        queue: 4096,
-    }
-}
-
-async fn redis_store(mode: RedisMode, url: String) -> RedisStore {
-    let store = RedisStore::new(&options(mode, url), Arc::new(Metrics::new())).expect("store");
-    for _ in 0..300 {
-        if store.is_connected() {
-            return store;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("redis store did not connect");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_redis_and_cluster_answer_alike() {
     let memory = MemoryStore::new(100_000, SystemClock::shared());
     let expected = suite(&memory, "suite").await;
 
     let server = RedisServer::start();
-    let redis = redis_store(RedisMode::Standalone, server.url()).await;
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
     assert_eq!(
         suite(&redis, "suite").await,
         expected,
@@ -197,7 +163,7 @@ async fn memory_redis_and_cluster_answer_alike() {
     );
 
     let cluster = RedisCluster::start();
-    let clustered = redis_store(RedisMode::Cluster, cluster.url()).await;
+    let clustered = connected_store(RedisMode::Cluster, cluster.url()).await;
     assert_eq!(
         suite(&clustered, "suite").await,
         expected,
@@ -217,7 +183,7 @@ async fn memory_redis_and_cluster_answer_alike() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn separator_tricks_never_share_a_redis_counter() {
     let server = RedisServer::start();
-    let redis = redis_store(RedisMode::Standalone, server.url()).await;
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
     let joined = CounterKey::new(
         "d",
         &[Entry {

@@ -9,20 +9,28 @@ use super::common::Metrics;
 use super::{free_port, sluice_bin, wait_for_200, Process};
 
 /// The counter store a suite runs against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Store {
     /// The in-process memory store.
     Memory,
+    /// A Redis server at this URL (it outlives Sluice restarts).
+    Redis(String),
 }
 
 impl Store {
-    /// Every store the suites cover.
-    pub const ALL: &'static [Store] = &[Store::Memory];
-
     /// `serve` flags selecting this store.
-    pub fn serve_flags(self) -> Vec<String> {
+    pub fn serve_flags(&self) -> Vec<String> {
         match self {
             Store::Memory => vec!["--store".into(), "memory".into()],
+            Store::Redis(url) => vec![
+                "--store".into(),
+                "redis".into(),
+                "--redis-url".into(),
+                url.clone(),
+                // Loopback Redis under a loaded test machine: generous but bounded.
+                "--redis-timeout".into(),
+                "200ms".into(),
+            ],
         }
     }
 }
@@ -96,13 +104,7 @@ impl Sluice {
 
     /// Every metric sample.
     pub async fn metrics(&self) -> Metrics {
-        let text = reqwest::get(self.url("/metrics"))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
-        Metrics::parse(&text)
+        super::common::fetch_metrics(&self.url("/metrics")).await
     }
 
     /// Replaces a rule file's contents (written whole, then renamed into place, as a

@@ -85,6 +85,8 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
         (Some(_), true) => Some("success"),
         (Some(_), false) => Some("error"),
     };
+    let store = state.service.limiter().store();
+    let store_status = store.status();
     let body = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "ready": ready(&state),
@@ -106,11 +108,10 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             "errors": report.errors,
         },
         "store": {
-            "kind": state.service.limiter().store().kind(),
-            // The memory store cannot fail; remote stores report here (and their
-            // breaker) once they exist.
-            "health": "ok",
-            "breaker": serde_json::Value::Null,
+            "kind": store.kind(),
+            // Reported, never part of readiness: failure modes handle an outage.
+            "health": store_status.health,
+            "breaker": store_status.breaker,
         },
     });
     axum::Json(body).into_response()

@@ -75,16 +75,17 @@ impl AlgorithmKind {
 
     /// Parses a rule file's algorithm name.
     pub fn parse(name: &str) -> Option<Self> {
-        [
-            Self::FixedWindow,
-            Self::SlidingWindow,
-            Self::SlidingLog,
-            Self::TokenBucket,
-            Self::Gcra,
-        ]
-        .into_iter()
-        .find(|kind| kind.as_str() == name)
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
     }
+
+    /// Every algorithm.
+    pub const ALL: [AlgorithmKind; 5] = [
+        Self::FixedWindow,
+        Self::SlidingWindow,
+        Self::SlidingLog,
+        Self::TokenBucket,
+        Self::Gcra,
+    ];
 }
 
 /// The numbers of one limit, fixed at rule load time.

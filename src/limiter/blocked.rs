@@ -8,6 +8,7 @@
 //! to the limits' numbers, so an edited rule never reads a stale block.
 
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use moka::sync::Cache;
@@ -87,6 +88,10 @@ impl Expiry<BlockKey, Blocked> for UntilBlockEnds {
 pub struct BlockedCache {
     /// Entries expire when their block ends; the least useful go first when full.
     cache: Cache<BlockKey, Blocked>,
+    /// The latest `until` ever inserted: at or after it no entry can block, so the
+    /// common case (nothing refused lately) answers without hashing or touching the
+    /// cache. Only grows.
+    latest_until: AtomicU64,
 }
 
 impl BlockedCache {
@@ -97,6 +102,7 @@ impl BlockedCache {
                 .max_capacity(capacity)
                 .expire_after(UntilBlockEnds)
                 .build(),
+            latest_until: AtomicU64::new(0),
         }
     }
 
@@ -108,6 +114,9 @@ impl BlockedCache {
         cost: u64,
         now: Micros,
     ) -> Option<Blocked> {
+        if now >= self.latest_until.load(Ordering::Relaxed) {
+            return None;
+        }
         let blocked = self.cache.get(&key(counter, limits))?;
         (now < blocked.until && cost >= blocked.cost).then_some(blocked)
     }
@@ -126,10 +135,12 @@ impl BlockedCache {
         if decision.allowed || decision.retry_after == 0 {
             return;
         }
+        let until = now.saturating_add(decision.retry_after);
+        self.latest_until.fetch_max(until, Ordering::Relaxed);
         self.cache.insert(
             key(counter, limits),
             Blocked {
-                until: now.saturating_add(decision.retry_after),
+                until,
                 cost,
                 reset_at: now.saturating_add(decision.reset_after),
                 limit_index,

@@ -94,14 +94,17 @@ impl Slot {
     }
 
     /// Takes the unused units out (so nothing admits from them while they travel
-    /// back), with the grant's store time and the lease's lifetime; [`Slot::restore`] puts them back if the
-    /// call fails.
+    /// back), with the grant's store time and the lease's lifetime; [`Slot::restore`]
+    /// puts them back if the call was never sent.
     pub fn give_back(&mut self) -> Option<(u64, Micros, Micros)> {
         let units = std::mem::take(&mut self.units);
         (units > 0).then_some((units, self.granted_at, self.lifetime))
     }
 
-    /// Puts back units taken by [`Slot::give_back`] for a call that failed.
+    /// Puts back units taken by [`Slot::give_back`] for a call that was never sent (an
+    /// open breaker). A call that failed after it may have run is never restored: its
+    /// script may have taken the units back, and using them again could admit beyond
+    /// the limit; losing them can only refuse early.
     pub fn restore(&mut self, give_back: Option<(u64, Micros, Micros)>) {
         if let Some((units, granted_at, _)) = give_back {
             if granted_at == self.granted_at {
@@ -335,7 +338,7 @@ mod tests {
         assert_eq!(slot.give_back(), Some((6, 5_000, 250_000)));
         assert_eq!(slot.units, 0, "given-back units cannot be used");
         slot.restore(Some((6, 5_000, 250_000)));
-        assert_eq!(slot.units, 6, "a failed return restores them");
+        assert_eq!(slot.units, 6, "a return never sent restores them");
         let back = slot.return_request().expect("units to return");
         assert_eq!(back.check.cost, 0);
         assert_eq!(back.give_back, Some((6, 5_000, 250_000)));

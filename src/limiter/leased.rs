@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use super::fallback::{self, Fallback};
 use super::{lease, Limiter, LimiterError, Pending, Verdict};
 use crate::algorithm::Micros;
@@ -33,6 +35,7 @@ impl<S: Store> Limiter<S> {
         check: &StoreCheck,
         units: u64,
         lifetime: Micros,
+        deadline: Option<Instant>,
     ) -> Leased<'r> {
         let cell = self.leases.cell(check);
         let label = item.stats_label.clone();
@@ -65,10 +68,27 @@ impl<S: Store> Limiter<S> {
             lifetime,
             give_back,
         };
-        let grant = match self.store.lease(&request).await {
+        let call = self.store.lease(&request);
+        let answer = match deadline {
+            None => call.await,
+            // The caller's own deadline (`grpc-timeout`): past it, the failure mode.
+            Some(deadline) => tokio::time::timeout_at(deadline, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Timeout(
+                        deadline.saturating_duration_since(Instant::now()),
+                    ))
+                }),
+        };
+        let grant = match answer {
             Ok(grant) => grant,
             Err(error) => {
-                cell.slot().restore(give_back);
+                if never_sent(&error) {
+                    cell.slot().restore(give_back);
+                } else if let Some((returned, _, _)) = give_back {
+                    // Maybe returned by the script: never used again (see `restore`).
+                    self.lease_gauge(&label, -gauge(returned));
+                }
                 return match error {
                     StoreError::Protocol(_) => Leased::Unleased(item),
                     error => self.lease_failed(item, check, error, now).await,
@@ -132,12 +152,14 @@ impl<S: Store> Limiter<S> {
             let Some(request) = request else {
                 continue;
             };
-            if self.store.lease(&request).await.is_ok() {
-                if let (Some(rule), Some((units, _, _))) = (rule, request.give_back) {
-                    self.lease_gauge(&rule, -gauge(units));
+            match self.store.lease(&request).await {
+                Err(error) if never_sent(&error) => cell.slot().restore(request.give_back),
+                // Returned, or maybe returned: gone from this instance either way.
+                _ => {
+                    if let (Some(rule), Some((units, _, _))) = (rule, request.give_back) {
+                        self.lease_gauge(&rule, -gauge(units));
+                    }
                 }
-            } else {
-                cell.slot().restore(request.give_back);
             }
         }
     }
@@ -150,6 +172,11 @@ impl<S: Store> Limiter<S> {
             .get_or_create(&RuleLabel { rule: rule.clone() })
             .inc_by(delta);
     }
+}
+
+/// Whether a failed lease call certainly did not reach the store.
+fn never_sent(error: &StoreError) -> bool {
+    matches!(error, StoreError::BreakerOpen(_))
 }
 
 /// Units as a gauge delta.

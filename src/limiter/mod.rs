@@ -18,13 +18,14 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::BlockedCache;
 use fallback::Fallback;
 use lease::Leases;
@@ -189,6 +190,17 @@ impl<S: Store> Limiter<S> {
         rules: &'r Rules,
         request: &CheckRequest<'_>,
     ) -> Result<Vec<Verdict<'r>>, LimiterError> {
+        self.check_within(rules, request, None).await
+    }
+
+    /// [`Limiter::check`], with store calls abandoned at `deadline` (the caller's own,
+    /// from `grpc-timeout`): past it, checks take their rule's failure mode.
+    pub async fn check_within<'r>(
+        &self,
+        rules: &'r Rules,
+        request: &CheckRequest<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Verdict<'r>>, LimiterError> {
         let mut verdicts = Vec::with_capacity(request.descriptors.len());
         let mut pending = Vec::new();
         let mut checks = Vec::new();
@@ -250,18 +262,34 @@ impl<S: Store> Limiter<S> {
         // keys the store refused recently are answered locally.
         let now = self.clock.now();
         let mut any_blocked = false;
-        let mut to_store = Vec::with_capacity(pending.len());
-        let mut store_checks = Vec::with_capacity(checks.len());
-        for (mut item, check) in pending.into_iter().zip(checks) {
-            if item
+        // Filtered in place (order kept), so no second pair of vectors is allocated.
+        let mut position = 0;
+        while position < pending.len() {
+            let item: &Pending<'r> = &pending[position];
+            let check = &checks[position];
+            let is_replaced = item
                 .rule
                 .name
                 .as_deref()
-                .is_some_and(|name| replaced.contains(name))
-            {
+                .is_some_and(|name| replaced.contains(name));
+            let blocked = if is_replaced {
+                None
+            } else {
+                self.blocked.get(check.key, &check.limits, check.cost, now)
+            };
+            // Then the hot-key layers of shared stores: a lease, else the pre-check.
+            let local = if is_replaced || blocked.is_some() {
+                None
+            } else {
+                self.hot_key_layer(item, check, now)
+            };
+            if !is_replaced && blocked.is_none() && local.is_none() {
+                position += 1;
                 continue;
             }
-            if let Some(blocked) = self.blocked.get(check.key, &check.limits, check.cost, now) {
+            let item = pending.remove(position);
+            let check = checks.remove(position);
+            if let Some(blocked) = blocked {
                 let index = item.index;
                 any_blocked = true;
                 let decision = blocked.decision_at(now);
@@ -269,43 +297,36 @@ impl<S: Store> Limiter<S> {
                     self.local_verdict(item, "blocked_cache", blocked.limit_index, decision);
                 continue;
             }
-            let leased = self.store.is_shared()
-                && !self.settings.stop_increment_when_over_limit
-                && item.rule.limits.len() == 1;
-            if leased {
-                let lease = item.rule.limits[0].lease;
-                if let Some(units) = self.leases.size(&lease, &check, now) {
-                    match self.leased(item, &check, units, lease.ttl).await {
-                        Leased::Answered(index, verdict) => {
-                            verdicts[index] = verdict;
-                            continue;
+            match local {
+                Some(HotKeyLayer::Lease { units, ttl }) => {
+                    match self.leased(item, &check, units, ttl, deadline).await {
+                        Leased::Answered(index, verdict) => verdicts[index] = verdict,
+                        Leased::Unleased(item) => {
+                            // The store does not lease: back in line for it.
+                            pending.insert(position, item);
+                            checks.insert(position, check);
+                            position += 1;
                         }
-                        Leased::Unleased(unleased) => item = unleased,
                         Leased::Failed(error) => return Err(error),
                     }
                 }
-            }
-            if self.precheck_on && !item.rule.shadow_mode {
-                if let Some((limit_index, decision)) =
-                    self.precheck
-                        .refuses(check.key, &check.limits, check.cost, now)
-                {
+                Some(HotKeyLayer::Refused {
+                    limit_index,
+                    decision,
+                }) => {
                     let index = item.index;
                     any_blocked = true;
                     verdicts[index] = self.local_verdict(item, "precheck", limit_index, decision);
-                    continue;
                 }
+                None => {}
             }
-            to_store.push(item);
-            store_checks.push(check);
         }
-        let (pending, mut checks) = (to_store, store_checks);
         if checks.is_empty() {
             return Ok(verdicts);
         }
 
         if self.settings.stop_increment_when_over_limit {
-            self.charge_only_if_none_over(&mut checks, any_blocked)
+            self.charge_only_if_none_over(&mut checks, any_blocked, deadline)
                 .await?;
         }
 
@@ -316,11 +337,12 @@ impl<S: Store> Limiter<S> {
             store = self.store.kind(),
             checks = checks.len()
         );
-        let answered = match self
-            .store
-            .check(&checks, &mut decisions)
-            .instrument(span)
-            .await
+        let answered = match within(
+            deadline,
+            &self.metrics,
+            self.store.check(&checks, &mut decisions).instrument(span),
+        )
+        .await
         {
             Ok(()) if decisions.len() != expected => Err(StoreError::Protocol(format!(
                 "store answered {} decisions for {expected} limits",
@@ -358,12 +380,18 @@ impl<S: Store> Limiter<S> {
         &self,
         checks: &mut [StoreCheck],
         already_over: bool,
+        deadline: Option<Instant>,
     ) -> Result<(), LimiterError> {
         let mut over = Vec::with_capacity(checks.len());
         let mut decisions = Vec::new();
         for check in checks.iter() {
             decisions.clear();
-            self.store.peek(check, &mut decisions).await?;
+            within(
+                deadline,
+                &self.metrics,
+                self.store.peek(check, &mut decisions),
+            )
+            .await?;
             over.push(decisions.iter().any(|d| !d.allowed));
         }
         if already_over || over.contains(&true) {
@@ -428,15 +456,45 @@ impl<S: Store> Limiter<S> {
         limit: u64,
     ) -> Verdict<'r> {
         let split = stats::split_hits(&decision, limit, item.hits, self.settings.near_limit_ratio);
-        let label = &item.stats_label;
-        self.metrics.add_rule_hits(label, "total_hits", item.hits);
-        self.metrics
-            .add_rule_hits(label, "within_limit", split.within_limit);
-        self.metrics
-            .add_rule_hits(label, "near_limit", split.near_limit);
-        self.metrics
-            .add_rule_hits(label, "over_limit", split.over_limit);
-        self.finish(item, limit_index, decision, split.near_limit > 0)
+        let counters = self
+            .metrics
+            .rule_counters(&item.rule.domain, &item.stats_label);
+        counters.add(RuleStat::TotalHits, item.hits);
+        counters.add(RuleStat::WithinLimit, split.within_limit);
+        counters.add(RuleStat::NearLimit, split.near_limit);
+        counters.add(RuleStat::OverLimit, split.over_limit);
+        self.finish(item, &counters, limit_index, decision, split.near_limit > 0)
+    }
+
+    /// Which hot-key layer of a shared store answers `item`, if any: its lease (the
+    /// units to lease), or a pre-check refusal.
+    fn hot_key_layer(
+        &self,
+        item: &Pending<'_>,
+        check: &StoreCheck,
+        now: Micros,
+    ) -> Option<HotKeyLayer> {
+        if self.store.is_shared()
+            && !self.settings.stop_increment_when_over_limit
+            && item.rule.limits.len() == 1
+        {
+            let lease = item.rule.limits[0].lease;
+            if let Some(units) = self.leases.size(&lease, check, now) {
+                return Some(HotKeyLayer::Lease {
+                    units,
+                    ttl: lease.ttl,
+                });
+            }
+        }
+        if !self.precheck_on || item.rule.shadow_mode {
+            return None;
+        }
+        self.precheck
+            .refuses(check.key, &check.limits, check.cost, now)
+            .map(|(limit_index, decision)| HotKeyLayer::Refused {
+                limit_index,
+                decision,
+            })
     }
 
     /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
@@ -448,20 +506,22 @@ impl<S: Store> Limiter<S> {
         decision: Decision,
     ) -> Verdict<'r> {
         self.metrics.local_decision(layer);
-        let label = &item.stats_label;
-        self.metrics.add_rule_hits(label, "total_hits", item.hits);
-        self.metrics.add_rule_hits(label, "over_limit", item.hits);
+        let counters = self
+            .metrics
+            .rule_counters(&item.rule.domain, &item.stats_label);
+        counters.add(RuleStat::TotalHits, item.hits);
+        counters.add(RuleStat::OverLimit, item.hits);
         if self.settings.report_local_cache {
-            self.metrics
-                .add_rule_hits(label, "over_limit_with_local_cache", item.hits);
+            counters.add(RuleStat::OverLimitWithLocalCache, item.hits);
         }
-        self.finish(item, limit_index, decision, false)
+        self.finish(item, &counters, limit_index, decision, false)
     }
 
     /// Shadow handling and the per-rule decision count, common to every verdict.
     fn finish<'r>(
         &self,
         item: Pending<'r>,
+        counters: &RuleCounters,
         limit_index: usize,
         decision: Decision,
         near: bool,
@@ -469,22 +529,60 @@ impl<S: Store> Limiter<S> {
         let shadow = item.rule.shadow_mode;
         let outcome = match (decision.allowed, shadow) {
             (false, true) => {
-                self.metrics
-                    .add_rule_hits(&item.stats_label, "shadow_mode", item.hits);
+                counters.add(RuleStat::ShadowMode, item.hits);
                 "shadow_over_limit"
             }
             (false, false) => "over_limit",
             (true, _) if near => "near_limit",
             (true, _) => "ok",
         };
-        self.metrics
-            .count_decision(&item.rule.domain, &item.stats_label, outcome);
+        counters.decision(outcome);
         Verdict::Limited(Limited {
             rule: item.rule,
             limit_index,
             decision,
             over_limit: !decision.allowed && !shadow,
         })
+    }
+}
+
+/// What a hot-key layer decided for one descriptor before the store.
+enum HotKeyLayer {
+    /// The rule leases: decide from (or renew) this instance's lease.
+    Lease {
+        /// Units to lease.
+        units: u64,
+        /// The rule's `lease_ttl`.
+        ttl: Micros,
+    },
+    /// The pre-check refused.
+    Refused {
+        /// The refusing limit.
+        limit_index: usize,
+        /// The refusal.
+        decision: Decision,
+    },
+}
+
+/// Runs a store call, abandoning it at `deadline`: the store's own timeout may be longer
+/// than the caller is willing to wait. An abandoned call is dropped by the batcher
+/// before it is sent, so it charges nothing.
+async fn within(
+    deadline: Option<Instant>,
+    metrics: &Metrics,
+    call: impl std::future::Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    let Some(deadline) = deadline else {
+        return call.await;
+    };
+    let started = Instant::now();
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(result) => result,
+        Err(_) => {
+            let error = StoreError::Timeout(deadline.saturating_duration_since(started));
+            metrics.store_error(error.kind());
+            Err(error)
+        }
     }
 }
 

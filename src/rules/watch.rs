@@ -121,6 +121,10 @@ impl Reloader {
         let wake = Arc::new(Notify::new());
         let broken = Arc::new(AtomicBool::new(false));
         let mut armed = self.arm(&wake, &broken);
+        // Files changed between the startup load and the watch taking effect raise no
+        // event: read them once more now that the watch is on (unchanged content is a
+        // cheap no-op).
+        self.load_now().await;
         let mut rescan = tokio::time::interval(self.options.rescan_interval.max(MIN_INTERVAL));
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rescan.tick().await;

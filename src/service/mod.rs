@@ -9,7 +9,7 @@ pub mod response;
 pub mod sketch;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -25,6 +25,10 @@ use debug::DebugReports;
 pub use errors::ServiceError;
 pub use request::RequestBounds;
 pub use response::{HeaderMode, ResponseOptions};
+
+/// Share of the caller's deadline (`grpc-timeout`) that store calls may use; the rest
+/// is for the failure mode, the answer and the network back to the caller.
+pub const STORE_SHARE: f64 = 0.5;
 
 /// Answers rate limit requests.
 pub struct Service<S> {
@@ -89,13 +93,25 @@ impl<S: Store> Service<S> {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, ServiceError> {
+        self.should_rate_limit_within(request, None).await
+    }
+
+    /// Decides one request whose caller waits at most `timeout` (its `grpc-timeout`):
+    /// store calls get [`STORE_SHARE`] of it, so the failure mode still answers in time.
+    pub async fn should_rate_limit_within(
+        &self,
+        request: &RateLimitRequest,
+        timeout: Option<Duration>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let started = Instant::now();
+        let deadline = timeout
+            .map(|timeout| tokio::time::Instant::from_std(started) + timeout.mul_f64(STORE_SHARE));
         let span = tracing::debug_span!(
             "rls.request",
             domain = %request.domain,
             descriptors = request.descriptors.len(),
         );
-        let result = self.decide(request).instrument(span).await;
+        let result = self.decide(request, deadline).instrument(span).await;
         self.metrics
             .request_duration
             .observe(started.elapsed().as_secs_f64());
@@ -118,12 +134,16 @@ impl<S: Store> Service<S> {
             .map_err(ServiceError::Store)
     }
 
-    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+    async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let check = request::to_check_request(request, &self.bounds)?;
         let rule_set = self.rules.current().ok_or(ServiceError::NoRules)?;
         let verdicts = self
             .limiter
-            .check(&rule_set.rules, &check)
+            .check_within(&rule_set.rules, &check, deadline)
             .await
             .map_err(|LimiterError::Store(error)| ServiceError::Store(error))?;
         if let Some(debug) = &self.debug {
@@ -146,8 +166,9 @@ impl<S: Store> RateLimitService for GrpcService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let timeout = request::grpc_timeout(request.metadata());
         self.0
-            .should_rate_limit(request.get_ref())
+            .should_rate_limit_within(request.get_ref(), timeout)
             .await
             .map(Response::new)
             .map_err(Status::from)

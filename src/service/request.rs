@@ -1,6 +1,8 @@
 //! Request validation at the boundary: wire types become [`CheckRequest`]s only when
 //! they fit the configured bounds, so nothing past this point sees hostile sizes.
 
+use std::time::Duration;
+
 use crate::limiter::{CheckRequest, Descriptor};
 use crate::proto::{rls::RateLimitRequest, types::RateLimitUnit};
 use crate::rules::{Entry, LimitOverride, Unit};
@@ -120,4 +122,50 @@ fn unit_from_wire(unit: i32) -> Option<Unit> {
 /// An `INVALID_ARGUMENT` error with `reason`.
 fn invalid(reason: impl Into<String>) -> ServiceError {
     ServiceError::InvalidArgument(reason.into())
+}
+
+/// The caller's deadline from the `grpc-timeout` header (gRPC over HTTP/2: up to 8
+/// digits and a unit, `H`, `M`, `S`, `m`, `u` or `n`); `None` when absent or malformed.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let split = text.len().checked_sub(1)?;
+    let (digits, unit) = (text.get(..split)?, text.get(split..)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value.saturating_mul(3600)),
+        "M" => Duration::from_secs(value.saturating_mul(60)),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeout() {
+        let parse = |text: &str| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert("grpc-timeout", text.parse().expect("ascii"));
+            grpc_timeout(&metadata)
+        };
+        assert_eq!(parse("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("500u"), Some(Duration::from_micros(500)));
+        assert_eq!(parse("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(parse("123456789m"), None);
+        assert_eq!(parse("m"), None);
+        assert_eq!(parse("10x"), None);
+        assert_eq!(parse("-1m"), None);
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
+    }
 }

@@ -82,8 +82,11 @@ pub fn build(
     let mut least_remaining = u32::MAX;
     let mut any_over = false;
     let mut quota_groups: HashMap<String, bool> = HashMap::new();
-    let mut group_of: Vec<Option<String>> = vec![None; verdicts.len()];
-    let mut passed = Vec::with_capacity(verdicts.len());
+    // Quota groups and passed descriptors matter only in quota mode and for dynamic
+    // metadata; both vectors stay unallocated otherwise.
+    let mut group_of: Vec<Option<String>> = Vec::new();
+    let mut passed = Vec::new();
+    let track_passed = options.dynamic_metadata;
 
     for (index, (verdict, status)) in verdicts.iter().zip(&statuses).enumerate() {
         if status.current_limit.is_some() && status.limit_remaining < least_remaining {
@@ -91,19 +94,22 @@ pub fn build(
             least_remaining = status.limit_remaining;
         }
         let Verdict::Limited(limited) = verdict else {
-            if !matches!(verdict, Verdict::Unlimited) {
+            if track_passed && !matches!(verdict, Verdict::Unlimited) {
                 passed.push(index);
             }
             continue;
         };
         let over = limited.over_limit;
-        if !over {
+        if track_passed && !over {
             passed.push(index);
         }
         if options.global_quota_mode || limited.rule.quota_mode {
             let group = quota_group_key(&request.descriptors[index].entries);
             let entry = quota_groups.entry(group.clone()).or_insert(false);
             *entry |= over;
+            if group_of.is_empty() {
+                group_of.resize(verdicts.len(), None);
+            }
             group_of[index] = Some(group);
         } else if over {
             any_over = true;
@@ -134,8 +140,9 @@ pub fn build(
         let available: Vec<usize> = passed
             .into_iter()
             .filter(|index| {
-                group_of[*index]
-                    .as_ref()
+                group_of
+                    .get(*index)
+                    .and_then(Option::as_ref)
                     .is_none_or(|group| !quota_groups.get(group).copied().unwrap_or(false))
             })
             .collect();

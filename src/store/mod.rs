@@ -2,6 +2,7 @@
 //! shares counters between instances behind the same [`Store`] trait. A store knows keys, algorithms and time; it
 //! knows nothing of rules, requests or responses.
 
+pub mod breaker;
 pub mod key;
 pub mod memory;
 pub mod redis;
@@ -74,6 +75,18 @@ pub enum StoreError {
     /// The store answered something this version cannot use (a bug or a misconfiguration).
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The store refused our credentials (wrong password, unknown user).
+    #[error("store authentication failed: {0}")]
+    Auth(String),
+    /// The store's ACL forbids a command we need (e.g. EVALSHA).
+    #[error("store permission denied: {0}")]
+    NoPermission(String),
+    /// The circuit breaker of the named store node is open: the store was not asked.
+    #[error("store circuit breaker open for {0}")]
+    BreakerOpen(String),
+    /// The store is out of memory and refuses writes (`maxmemory` with `noeviction`).
+    #[error("store out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 impl StoreError {
@@ -83,6 +96,10 @@ impl StoreError {
             Self::Timeout(_) => "timeout",
             Self::Unavailable(_) => "unavailable",
             Self::Protocol(_) => "protocol",
+            Self::BreakerOpen(_) => "breaker_open",
+            Self::Auth(_) => "auth",
+            Self::NoPermission(_) => "noperm",
+            Self::OutOfMemory(_) => "oom",
         }
     }
 }
@@ -127,6 +144,30 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send {
         async { Err(StoreError::Protocol("this store does not lease".into())) }
     }
+
+    /// Health and breaker state for `/status`. A store that cannot fail is always ok.
+    fn status(&self) -> StoreStatus {
+        StoreStatus::default()
+    }
+}
+
+/// What `/status` shows of a store. Never part of readiness (DESIGN §1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreStatus {
+    /// `ok`, `degraded` (some node's breaker is not closed), `down` (not connected, or
+    /// every breaker open) or `connecting` (never connected yet).
+    pub health: &'static str,
+    /// Breaker state (JSON), `null` for stores without one.
+    pub breaker: serde_json::Value,
+}
+
+impl Default for StoreStatus {
+    fn default() -> Self {
+        Self {
+            health: "ok",
+            breaker: serde_json::Value::Null,
+        }
+    }
 }
 
 /// A shared store is a store (the server keeps a handle for background sweeps).
@@ -160,5 +201,9 @@ impl<T: Store> Store for std::sync::Arc<T> {
         request: &LeaseRequest,
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send {
         (**self).lease(request)
+    }
+
+    fn status(&self) -> StoreStatus {
+        (**self).status()
     }
 }

@@ -2,6 +2,7 @@
 //! metric lookups by the reference's stat names.
 #![allow(dead_code, missing_docs)]
 
+pub mod fault;
 pub mod redis;
 
 use std::collections::HashMap;
@@ -103,13 +104,7 @@ impl TestServer {
 
     /// Every metric sample, by `name{labels}` as exposed.
     pub async fn metrics(&self) -> Metrics {
-        let text = reqwest::get(self.url("/metrics"))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
-        Metrics::parse(&text)
+        fetch_metrics(&self.url("/metrics")).await
     }
 
     pub fn write_config(&self, name: &str, text: &str) {
@@ -155,6 +150,17 @@ pub fn write_file(dir: &Path, name: &str, text: &str) {
         std::fs::create_dir_all(parent).expect("create config subdir");
     }
     std::fs::write(path, text).expect("write config file");
+}
+
+/// Every metric sample a `/metrics` URL exposes.
+pub async fn fetch_metrics(url: &str) -> Metrics {
+    let text = reqwest::get(url)
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    Metrics::parse(&text)
 }
 
 /// Parsed Prometheus text.
@@ -242,7 +248,12 @@ pub fn conformance_dir() -> Option<PathBuf> {
 /// Loads `cases.yaml` as JSON values.
 pub fn load_cases(dir: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(dir.join("cases.yaml")).expect("read cases.yaml");
-    let doc: serde_json::Value = serde_saphyr::from_str(&text).expect("parse cases.yaml");
+    // The data is YAML 1.2: `Y` and `on` are strings, not booleans.
+    let doc: serde_json::Value = serde_saphyr::from_str_with_options(
+        &text,
+        serde_saphyr::options! { strict_booleans: true },
+    )
+    .expect("parse cases.yaml");
     doc["cases"].as_array().cloned().expect("cases list")
 }
 

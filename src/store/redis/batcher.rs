@@ -36,8 +36,16 @@ pub struct Job {
     pub checks: Vec<StoreCheck>,
     /// Charge (`true`) or peek.
     pub commit: bool,
-    /// Where the decisions (one per limit, in order) go.
+    /// Where the decisions (one per limit, in order) go. Closed when the caller gave up
+    /// (its own deadline): such a job is never sent.
     pub reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
+    /// Past this instant the caller no longer waits: the job is dropped, not sent.
+    pub deadline: Instant,
+}
+
+/// Hash slot of a check's keys (all limits of a descriptor share it).
+pub fn slot_of(check: &StoreCheck) -> u16 {
+    fred::util::redis_keyslot(script::limit_key(check.key, 0).as_bytes())
 }
 
 /// What every batch needs.
@@ -46,6 +54,8 @@ pub struct Shared {
     pub client: Client,
     /// Whether keys must be grouped by slot.
     pub clustered: bool,
+    /// Circuit breakers (fed with every script call's outcome) and routing.
+    pub health: super::health::Health,
     /// Deadline of one batch's round trip.
     pub timeout: Duration,
     /// Longest wait for more jobs.
@@ -86,24 +96,28 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
     }
 }
 
-/// Sends one batch and answers its jobs.
-async fn run_batch(shared: &Shared, jobs: Vec<Job>) {
+/// Sends one batch and answers its jobs. Jobs whose caller has given up are dropped
+/// first: nothing is charged for an answer nobody waits for.
+async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
+    let now = Instant::now();
+    jobs.retain(|job| !job.reply.is_closed() && job.deadline > now);
+    if jobs.is_empty() {
+        return;
+    }
     // (commit, slot) → the (job, check) pairs of that group, in arrival order.
     let mut index: HashMap<(bool, u16), usize> = HashMap::new();
     let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
     let mut commits: Vec<bool> = Vec::new();
+    let mut slots: Vec<u16> = Vec::new();
     let mut size = 0u64;
     for (j, job) in jobs.iter().enumerate() {
         for (c, check) in job.checks.iter().enumerate() {
             size += 1;
-            let slot = if shared.clustered {
-                fred::util::redis_keyslot(script::limit_key(check.key, 0).as_bytes())
-            } else {
-                0
-            };
+            let slot = if shared.clustered { slot_of(check) } else { 0 };
             let group = *index.entry((job.commit, slot)).or_insert_with(|| {
                 groups.push(Vec::new());
                 commits.push(job.commit);
+                slots.push(slot);
                 groups.len() - 1
             });
             groups[group].push((j, c));
@@ -128,6 +142,12 @@ async fn run_batch(shared: &Shared, jobs: Vec<Job>) {
             .map(|_| Err(StoreError::Timeout(shared.timeout)))
             .collect(),
     };
+    let mut failed = false;
+    for (slot, result) in slots.iter().zip(&results) {
+        failed |= result.is_err();
+        shared.health.record(*slot, result.as_ref().map(|_| ()));
+    }
+    shared.health.refresh_routing(&shared.client, failed);
 
     // Scatter: per job, per check, its decisions (or the job's first error).
     let mut answers: Vec<Result<Vec<Option<Vec<Decision>>>, StoreError>> = jobs

@@ -64,9 +64,15 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
+/// Most commands waiting in fred's own queue (for example while reconnecting).
+pub const COMMAND_BUFFER: usize = 16_384;
+
 /// Builds and starts (in the background) a client for `options`.
 pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
-    let config = config(options)?;
+    let mut config = config(options)?;
+    // Redis absent at startup: keep retrying in the background instead of giving up
+    // after the first attempt (the reference crash-loops there).
+    config.fail_fast = false;
     let timeout = options.timeout;
     let client = Builder::from_config(config)
         .with_performance_config(|perf| perf.default_command_timeout = timeout)
@@ -76,8 +82,14 @@ pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
             conn.internal_command_timeout = Duration::from_secs(2);
             conn.max_redirections = 5;
             conn.tcp.nodelay = Some(true);
+            // A password or ACL fixed on the server heals without a restart.
+            conn.reconnect_on_auth_error = true;
+            // fred's own command queue is unbounded by default: bound it (a full queue
+            // is a Backpressure error, i.e. the failure mode, never memory growth).
+            conn.max_command_buffer_len = COMMAND_BUFFER;
         })
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+        // Capped at 500 ms so a Redis that comes back is reconnected within half a second.
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
         .build()
         .map_err(|e| StoreError::Protocol(format!("redis configuration: {}", e.details())))?;
     // Spawns the connection task; it retries in the background per the policy.
@@ -163,15 +175,21 @@ fn parse_host(item: &str) -> Result<Server, StoreError> {
 
 /// Classes a fred error; `timeout` is the deadline that applied.
 pub fn classify(error: &FredError, timeout: Duration) -> StoreError {
+    let details = error.details();
+    let starts = |prefix: &str| details.starts_with(prefix);
     match error.kind() {
         ErrorKind::Timeout => StoreError::Timeout(timeout),
+        // Redis never echoes the password in these replies; fred's details are the reply.
+        ErrorKind::Auth => StoreError::Auth(details.to_owned()),
+        _ if starts("WRONGPASS") || starts("NOAUTH") => StoreError::Auth(details.to_owned()),
+        _ if starts("NOPERM") => StoreError::NoPermission(details.to_owned()),
+        _ if starts("OOM") => StoreError::OutOfMemory(details.to_owned()),
         ErrorKind::IO
         | ErrorKind::Canceled
         | ErrorKind::Cluster
         | ErrorKind::Routing
         | ErrorKind::Backpressure
         | ErrorKind::Sentinel
-        | ErrorKind::Auth
         | ErrorKind::Tls => {
             StoreError::Unavailable(format!("{:?}: {}", error.kind(), error.details()))
         }

@@ -6,8 +6,8 @@
 
 use std::sync::LazyLock;
 
-use fred::prelude::LuaInterface;
-use fred::types::Value;
+use fred::prelude::{ClientLike, LuaInterface};
+use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::batcher::Shared;
 use super::client::{classify, is_noscript};
@@ -80,12 +80,18 @@ pub async fn run(
     now: Option<Micros>,
 ) -> Result<LeaseGrant, StoreError> {
     let (key, args) = call(request, now)?;
+    // Sent as the batcher sends its calls: a custom EVALSHA routed by the key's slot.
+    let slot = fred::util::redis_keyslot(key.as_bytes());
     let run = || async {
+        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
+        let mut values: Vec<Value> = Vec::with_capacity(3 + args.len());
+        values.push(SHA.as_str().into());
+        values.push(Value::Integer(1));
+        values.push(key.as_str().into());
+        values.extend(args.iter().map(|arg| Value::from(arg.as_str())));
         tokio::time::timeout(
             shared.timeout,
-            shared
-                .client
-                .evalsha::<Value, _, _, _>(SHA.as_str(), vec![key.clone()], args.clone()),
+            shared.client.custom::<Value, _>(command, values),
         )
         .await
         .map_err(|_| StoreError::Timeout(shared.timeout))

@@ -7,10 +7,12 @@
 //! needs on every key it writes. Keys are `sluice:{<digest hex>}:<limit index>`: the
 //! hash tag is our digest of the unambiguous descriptor encoding, so client bytes never
 //! choose the slot and all limits of a descriptor share one. Calls go through the
-//! [`batcher`]; the client ([`client`]) never re-sends an in-flight call.
+//! [`batcher`]; the client ([`client`]) never re-sends an in-flight call. A circuit
+//! breaker per node ([`health`]) answers calls at once while that node keeps failing.
 
 pub mod batcher;
 pub mod client;
+pub mod health;
 pub mod lease;
 pub mod script;
 
@@ -23,7 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 pub use client::{mask_url, RedisMode, RedisOptions};
 
 use crate::algorithm::{Decision, Micros};
-use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError};
+use crate::store::breaker::BreakerSettings;
+use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus};
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
 
@@ -43,9 +46,12 @@ impl RedisStore {
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let client = client::connect(options)?;
+        health::log_connection_errors(&client, options.timeout, metrics.clone());
+        let clustered = options.mode == RedisMode::Cluster;
         let shared = Arc::new(Shared {
             client,
-            clustered: options.mode == RedisMode::Cluster,
+            clustered,
+            health: health::Health::new(clustered, BreakerSettings::default(), metrics.clone()),
             timeout: options.timeout,
             window: options.batch_window,
             max: options.batch_max.max(1),
@@ -98,7 +104,8 @@ impl RedisStore {
         lease::run(&self.shared, request, Some(now)).await
     }
 
-    /// Queues `checks` for the batcher and waits for their decisions.
+    /// Queues `checks` for the batcher and waits for their decisions; fails at once when
+    /// the breaker of a node they live on is open.
     async fn submit(
         &self,
         checks: Vec<StoreCheck>,
@@ -107,7 +114,16 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let op = if commit { "check" } else { "peek" };
         let started = Instant::now();
-        let result = self.round_trip(checks, commit).await;
+        let result = match self.shared.health.allow(checks.iter().map(|check| {
+            if self.shared.clustered {
+                batcher::slot_of(check)
+            } else {
+                0
+            }
+        })) {
+            Ok(()) => self.round_trip(checks, commit).await,
+            Err(error) => Err(error),
+        };
         let metrics = &self.shared.metrics;
         metrics.store_duration(op, started.elapsed());
         match result {
@@ -128,10 +144,13 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         let (reply, answer) = oneshot::channel();
+        // The batch has its own deadline; this one also covers the time in the queue.
+        let wait = self.shared.timeout + self.shared.window;
         let job = Job {
             checks,
             commit,
             reply,
+            deadline: Instant::now() + wait,
         };
         self.jobs.try_send(job).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => {
@@ -141,9 +160,7 @@ impl RedisStore {
                 StoreError::Unavailable("redis batcher stopped".into())
             }
         })?;
-        // The batch has its own deadline; this one also covers the time in the queue.
-        let deadline = self.shared.timeout + self.shared.window;
-        match tokio::time::timeout(deadline, answer).await {
+        match tokio::time::timeout(wait, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(StoreError::Unavailable("redis batch was dropped".into())),
             Err(_) => Err(StoreError::Timeout(self.shared.timeout)),
@@ -177,13 +194,32 @@ impl Store for RedisStore {
 
     async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let started = Instant::now();
-        let result = lease::run(&self.shared, request, None).await;
+        let slot = if self.shared.clustered {
+            batcher::slot_of(&request.check)
+        } else {
+            0
+        };
+        let result = match self.shared.health.allow(std::iter::once(slot)) {
+            Ok(()) => {
+                let result = lease::run(&self.shared, request, None).await;
+                self.shared.health.record(slot, result.as_ref().map(|_| ()));
+                self.shared
+                    .health
+                    .refresh_routing(&self.shared.client, result.is_err());
+                result
+            }
+            Err(error) => Err(error),
+        };
         let metrics = &self.shared.metrics;
         metrics.store_duration("lease", started.elapsed());
         if let Err(error) = &result {
             metrics.store_error(error.kind());
         }
         result
+    }
+
+    fn status(&self) -> StoreStatus {
+        self.shared.health.status(self.shared.client.is_connected())
     }
 
     fn kind(&self) -> &'static str {

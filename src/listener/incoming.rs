@@ -1,0 +1,188 @@
+//! The accept loop: a stream of ready connections (plaintext, or TLS-handshaken) that
+//! tonic serves. Handshakes run in their own tasks, bounded by a timeout.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::tls::ReloadingTls;
+use super::HANDSHAKE_TIMEOUT;
+
+/// Ready connections waiting for tonic; past this, accepting waits.
+const READY_QUEUE: usize = 1024;
+/// Pause after an accept error (e.g. out of file descriptors) before trying again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// One accepted gRPC connection.
+pub enum GrpcIo {
+    /// Plaintext HTTP/2.
+    Plain(TcpStream),
+    /// HTTP/2 over TLS.
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// Connections ready to serve; dropping it stops accepting and closes the listener.
+pub struct Incoming {
+    ready: mpsc::Receiver<GrpcIo>,
+    acceptor: JoinHandle<()>,
+}
+
+/// Accepts on `listener`; with `tls`, each connection is TLS-handshaken (under the
+/// certificates in force at that moment) before it is handed over.
+pub fn incoming(listener: TcpListener, tls: Option<Arc<ReloadingTls>>) -> Incoming {
+    let (ready_tx, ready) = mpsc::channel(READY_QUEUE);
+    let acceptor = tokio::spawn(accept_loop(listener, tls, ready_tx));
+    Incoming { ready, acceptor }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Arc<ReloadingTls>>,
+    ready: mpsc::Sender<GrpcIo>,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "gRPC accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        if ready.is_closed() {
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        let tls = tls.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, prepare(stream, tls)).await {
+                Ok(Ok(io)) => {
+                    let _ = ready.send(io).await;
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "gRPC connection refused");
+                }
+                Err(_) => tracing::debug!(%peer, "gRPC connection idle before handshake; closed"),
+            }
+        });
+    }
+}
+
+/// Waits for the client's first bytes (plaintext) or completes the TLS handshake.
+async fn prepare(stream: TcpStream, tls: Option<Arc<ReloadingTls>>) -> io::Result<GrpcIo> {
+    match tls {
+        None => {
+            // Data (or EOF): `readable()` alone may wake spuriously.
+            stream.peek(&mut [0u8; 1]).await?;
+            Ok(GrpcIo::Plain(stream))
+        }
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+            let stream = acceptor.accept(stream).await?;
+            Ok(GrpcIo::Tls(Box::new(stream)))
+        }
+    }
+}
+
+// === impl Incoming ===
+
+impl Stream for Incoming {
+    type Item = Result<GrpcIo, io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.ready.poll_recv(cx).map(|io| io.map(Ok))
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+// === impl GrpcIo ===
+
+impl GrpcIo {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            GrpcIo::Plain(stream) => stream,
+            GrpcIo::Tls(stream) => stream.get_ref().0,
+        }
+    }
+}
+
+impl Connected for GrpcIo {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.tcp().connect_info()
+    }
+}
+
+impl AsyncRead for GrpcIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            GrpcIo::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for GrpcIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            GrpcIo::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            GrpcIo::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            GrpcIo::Plain(stream) => stream.is_write_vectored(),
+            GrpcIo::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            GrpcIo::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            GrpcIo::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_shutdown(cx),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The gRPC listener: accepting connections (plaintext or TLS with optional client
+//! certificates, see [`tls`]) and the HTTP/2 limits every connection gets.
+//!
+//! Accepting never blocks on one client: each connection's first bytes (plaintext) or
+//! TLS handshake are awaited in its own task, under [`HANDSHAKE_TIMEOUT`], so idle or
+//! slow sockets cannot hold up others and are closed when the timeout passes.
+
+mod incoming;
+pub mod tls;
+mod verify;
+
+use std::time::Duration;
+
+pub use incoming::{incoming, GrpcIo, Incoming};
+
+/// Longest wait for a new connection's first byte (plaintext) or TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most concurrent requests (HTTP/2 streams) on one connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Largest header block a client may send (HPACK-decoded), in bytes.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Streams a client may open and reset before the server accepts them (the HTTP/2
+/// "rapid reset" attack, CVE-2023-44487); past it the connection gets GOAWAY.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams the server may reset because of client protocol errors before it closes
+/// the connection.
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
+/// HTTP/2 PING interval on idle connections (detects dead peers).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a PING may go unanswered before the connection is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tonic server builder with Sluice's HTTP/2 limits.
+pub fn hardened_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
+/// Raises this process's open-file soft limit to its hard limit, so many client
+/// connections fit (Go, and so the reference, do this at start). Returns the new limit.
+pub fn raise_open_file_limit() -> std::io::Result<u64> {
+    let (_, hard) = rlimit::Resource::NOFILE.get()?;
+    rlimit::increase_nofile_limit(hard)
+}

@@ -1,0 +1,271 @@
+//! gRPC TLS settings and the server TLS configuration, re-read from disk when the
+//! certificate, key or client CA files change (checked at each new connection, so a
+//! rotated certificate is served to the next client without a restart).
+
+use std::fs::Metadata;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use tokio_rustls::rustls::crypto::ring;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+
+use super::verify::SanVerifier;
+use crate::settings::{parse_go_bool, SettingsError};
+
+/// gRPC TLS flags of `sluice serve`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Serve gRPC over TLS with this PEM certificate chain [or GRPC_SERVER_TLS_CERT with GRPC_SERVER_USE_TLS].
+    #[arg(long, env = "SLUICE_GRPC_TLS_CERT")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of the gRPC certificate [or GRPC_SERVER_TLS_KEY].
+    #[arg(long, env = "SLUICE_GRPC_TLS_KEY")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Require client certificates issued by this PEM CA bundle (mTLS) [or GRPC_CLIENT_TLS_CACERT].
+    #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// Accept only client certificates with one of these DNS or IP SANs (comma list) [or GRPC_CLIENT_TLS_SAN].
+    #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_SAN", value_delimiter = ',')]
+    pub grpc_tls_client_san: Vec<String>,
+}
+
+/// Resolved gRPC TLS settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA bundle client certificates must chain to (`None`: no client certificate).
+    pub client_ca: Option<PathBuf>,
+    /// Allowed client SANs (empty: any certificate from the CA).
+    pub client_sans: Vec<String>,
+}
+
+/// A TLS file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file held no usable PEM item or rustls refused it.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+// === impl TlsSettings ===
+
+impl TlsSettings {
+    /// Flags win; the reference's variables apply when `GRPC_SERVER_USE_TLS` is true.
+    /// `None`: plaintext gRPC.
+    pub fn resolve(
+        args: &TlsArgs,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, SettingsError> {
+        let use_tls = match env("GRPC_SERVER_USE_TLS") {
+            Some(value) => parse_go_bool("GRPC_SERVER_USE_TLS", &value)?,
+            None => false,
+        };
+        let reference = |name: &str| {
+            env(name)
+                .filter(|value| use_tls && !value.is_empty())
+                .map(PathBuf::from)
+        };
+        let cert = args
+            .grpc_tls_cert
+            .clone()
+            .or_else(|| reference("GRPC_SERVER_TLS_CERT"));
+        let key = args
+            .grpc_tls_key
+            .clone()
+            .or_else(|| reference("GRPC_SERVER_TLS_KEY"));
+        let client_ca = args
+            .grpc_tls_client_ca
+            .clone()
+            .or_else(|| reference("GRPC_CLIENT_TLS_CACERT"));
+        let mut client_sans: Vec<String> = args
+            .grpc_tls_client_san
+            .iter()
+            .map(|san| san.trim().to_owned())
+            .filter(|san| !san.is_empty())
+            .collect();
+        if client_sans.is_empty() && use_tls {
+            client_sans = env("GRPC_CLIENT_TLS_SAN")
+                .unwrap_or_default()
+                .split(',')
+                .map(|san| san.trim().to_owned())
+                .filter(|san| !san.is_empty())
+                .collect();
+        }
+        let fail = |name: &str, reason: &str| SettingsError {
+            name: name.to_owned(),
+            value: String::new(),
+            reason: reason.to_owned(),
+        };
+        match (cert, key) {
+            (Some(cert), Some(key)) => {
+                if !client_sans.is_empty() && client_ca.is_none() {
+                    return Err(fail(
+                        "grpc-tls-client-san",
+                        "a client SAN allow-list needs --grpc-tls-client-ca",
+                    ));
+                }
+                Ok(Some(Self {
+                    cert,
+                    key,
+                    client_ca,
+                    client_sans,
+                }))
+            }
+            (None, None) if use_tls => Err(fail(
+                "GRPC_SERVER_USE_TLS",
+                "TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+            )),
+            (None, None) if client_ca.is_some() || !client_sans.is_empty() => Err(fail(
+                "grpc-tls-client-ca",
+                "client certificates need a server certificate (--grpc-tls-cert, --grpc-tls-key)",
+            )),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(fail("grpc-tls-key", "--grpc-tls-cert needs a key")),
+            (None, Some(_)) => Err(fail("grpc-tls-cert", "--grpc-tls-key needs a certificate")),
+        }
+    }
+
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+    }
+}
+
+/// Identity of a file version: modification time, length, inode.
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn stamp(metadata: std::io::Result<Metadata>) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = metadata.ok()?;
+    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
+}
+
+/// The server TLS configuration, rebuilt when its files change.
+pub struct ReloadingTls {
+    settings: TlsSettings,
+    current: ArcSwap<ServerConfig>,
+    /// Stamps of the files `current` (or the last failed attempt) was built from.
+    seen: Mutex<Vec<Stamp>>,
+}
+
+// === impl ReloadingTls ===
+
+impl ReloadingTls {
+    /// Loads the files once; an error here stops startup.
+    pub fn load(settings: TlsSettings) -> Result<Self, TlsError> {
+        let seen = Mutex::new(stamps(&settings));
+        let config = build(&settings)?;
+        Ok(Self {
+            settings,
+            current: ArcSwap::from_pointee(config),
+            seen,
+        })
+    }
+
+    /// The configuration for a new connection: re-read first if a file changed. A
+    /// change that does not load is logged once and the previous configuration kept.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        let now = stamps(&self.settings);
+        if let Ok(mut seen) = self.seen.lock() {
+            if *seen != now {
+                *seen = now;
+                match build(&self.settings) {
+                    Ok(config) => {
+                        self.current.store(Arc::new(config));
+                        tracing::info!(cert = %self.settings.cert.display(), "gRPC TLS files reloaded");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "gRPC TLS files not reloaded; previous certificates keep serving");
+                    }
+                }
+            }
+        }
+        self.current.load_full()
+    }
+}
+
+fn stamps(settings: &TlsSettings) -> Vec<Stamp> {
+    settings
+        .paths()
+        .map(|path| stamp(std::fs::metadata(path)))
+        .collect()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, reason: impl ToString) -> TlsError {
+    TlsError::Invalid {
+        path: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(path, e))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+/// Builds the rustls configuration from the files.
+fn build(settings: &TlsSettings) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(ring::default_provider());
+    let chain = certificates(&settings.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&read(&settings.key)?)
+        .map_err(|e| invalid(&settings.key, e))?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(&settings.cert, e))?;
+    let builder = match &settings.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca)? {
+                roots.add(cert).map_err(|e| invalid(ca, e))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| invalid(ca, e))?;
+            let verifier = SanVerifier::new(verifier, &settings.client_sans)
+                .map_err(|reason| invalid(ca, reason))?;
+            builder.with_client_cert_verifier(Arc::new(verifier))
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid(&settings.key, e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}

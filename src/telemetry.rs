@@ -124,7 +124,7 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
-    /// Units held in this instance's live leases, per rule.
+    /// Units of the leases this instance holds open (used or not), per rule.
     pub lease_outstanding: Family<RuleLabel, Gauge>,
     /// Per leased rule, the documented bound of early refusal in units:
     /// `(replicas − 1) × N` (plus the refill reserve for token bucket and GCRA).
@@ -342,7 +342,7 @@ impl Metrics {
         let lease_outstanding = Family::default();
         registry.register(
             "lease_outstanding_units",
-            "Units held in this instance's live leases",
+            "Units of the leases this instance holds open (used or not)",
             lease_outstanding.clone(),
         );
         let lease_bound = Family::default();

@@ -19,8 +19,8 @@
 //! - **May refuse early** by at most the units sitting unused in other instances'
 //!   leases: `(R − 1) × N`, plus `R × L × limit / period` (≤ `R × N`) of reserve for
 //!   token bucket and GCRA, for at most `L` + [`RETURN_INTERVAL`] after a lease stops being used.
-//!   Exported per rule as `sluice_lease_early_refusal_bound_units`; the units held now
-//!   as `sluice_lease_outstanding_units`.
+//!   Exported per rule as `sluice_lease_early_refusal_bound_units`; the units of the
+//!   leases an instance holds open (used or not) as `sluice_lease_outstanding_units`.
 //! - A lease evicted from the bounded table ([`DEFAULT_CAPACITY`] keys) before it is
 //!   returned keeps its units charged until its window ends or the bucket refills.
 //!
@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use moka::sync::Cache;
+use prometheus_client::metrics::counter::Counter;
 
 use super::blocked::fingerprint;
 use super::meter::Meters;
@@ -64,6 +65,9 @@ pub struct Slot {
     lifetime: Micros,
     /// Units not used yet.
     pub units: u64,
+    /// Units of the lease while it is open (granted, not yet closed by a renewal or the
+    /// return loop); 0 when closed. Feeds `sluice_lease_outstanding_units`.
+    pub open: u64,
     /// Store time of the grant (the return script's reference).
     granted_at: Micros,
     /// Local instant the lease stops admitting.
@@ -113,9 +117,9 @@ impl Slot {
         }
     }
 
-    /// Whether this slot holds units that can no longer be used at `now`.
+    /// Whether this slot's lease is open but can no longer be used at `now`.
     pub fn is_expired(&self, now: Micros) -> bool {
-        self.units > 0 && now >= self.expires
+        self.open > 0 && now >= self.expires
     }
 
     /// The call returning this slot's unused units (taken out, see
@@ -137,14 +141,16 @@ impl Slot {
         self.rule.as_ref()
     }
 
-    /// Replaces the lease after a lease call sent at `sent` answered `grant`.
+    /// Replaces the lease after a lease call sent at `sent` answered `grant`; the
+    /// units of the lease it closes.
     pub fn renew(
         &mut self,
         request: &LeaseRequest,
         rule: &Arc<str>,
         grant: &LeaseGrant,
         sent: Micros,
-    ) {
+    ) -> u64 {
+        let closed = self.open;
         let life = match grant.window_left {
             0 => request.lifetime,
             left => request.lifetime.min(left),
@@ -155,12 +161,14 @@ impl Slot {
             rule: Some(rule.clone()),
             lifetime: request.lifetime,
             units: grant.units,
+            open: grant.units,
             granted_at: grant.store_now,
             expires: sent.saturating_add(life),
             remaining_after: grant.decision.remaining.saturating_sub(grant.units),
             reset_at: sent.saturating_add(grant.decision.reset_after),
             limit,
         };
+        closed
     }
 }
 
@@ -189,18 +197,21 @@ pub struct Leases {
     meters: Meters,
     /// Instances sharing the store.
     replicas: u64,
-    /// Units held in all leases (the return loop has nothing to do at zero).
+    /// Units of all open leases (the return loop has nothing to do at zero).
     held: AtomicI64,
+    /// `sluice_local_decisions_total{layer="lease"}`, looked up once.
+    pub decisions: Counter,
 }
 
 impl Leases {
     /// Leases for an instance among `replicas`.
-    pub fn new(capacity: u64, replicas: u32) -> Self {
+    pub fn new(capacity: u64, replicas: u32, decisions: Counter) -> Self {
         Self {
             slots: Cache::new(capacity),
             meters: Meters::new(AUTO_MIN_RATE),
             replicas: u64::from(replicas.max(1)),
             held: AtomicI64::new(0),
+            decisions,
         }
     }
 
@@ -346,7 +357,7 @@ mod tests {
 
     #[test]
     fn auto_leases_keys_above_the_rate_threshold() {
-        let leases = Leases::new(10, 4);
+        let leases = Leases::new(10, 4, Counter::default());
         let lease = Lease {
             mode: LeaseMode::Auto,
             ttl: 250_000,

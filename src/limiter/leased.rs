@@ -51,8 +51,7 @@ impl<S: Store> Limiter<S> {
             }
         };
         if let Some(decision) = taken {
-            self.metrics.local_decision("lease");
-            self.lease_gauge(&label, -gauge(check.cost));
+            self.leases.decisions.inc();
             let index = item.index;
             return Leased::Answered(index, self.record(item, 0, decision, limit));
         }
@@ -83,11 +82,10 @@ impl<S: Store> Limiter<S> {
         let grant = match answer {
             Ok(grant) => grant,
             Err(error) => {
+                // A call that may have run never gets its units back (see `restore`);
+                // the lease stays open until the return loop closes it.
                 if never_sent(&error) {
                     cell.slot().restore(give_back);
-                } else if let Some((returned, _, _)) = give_back {
-                    // Maybe returned by the script: never used again (see `restore`).
-                    self.lease_gauge(&label, -gauge(returned));
                 }
                 return match error {
                     StoreError::Protocol(_) => Leased::Unleased(item),
@@ -95,8 +93,6 @@ impl<S: Store> Limiter<S> {
                 };
             }
         };
-        let returned = give_back.map_or(0, |(units, _, _)| units);
-        self.lease_gauge(&label, gauge(grant.units) - gauge(returned));
         if let Some(limit) = check.limits.first() {
             self.metrics
                 .lease_bound
@@ -105,7 +101,8 @@ impl<S: Store> Limiter<S> {
                 })
                 .set(self.leases.bound(limit, units, lifetime));
         }
-        cell.slot().renew(&request, &label, &grant, now);
+        let closed = cell.slot().renew(&request, &label, &grant, now);
+        self.lease_gauge(&label, gauge(grant.units) - gauge(closed));
         drop(renewing);
         let index = item.index;
         Leased::Answered(index, self.verdict(item, check, &[grant.decision], now))
@@ -142,24 +139,25 @@ impl<S: Store> Limiter<S> {
             let Ok(_renewing) = cell.renewing.try_lock() else {
                 continue;
             };
-            let (request, rule) = {
+            let (request, rule, open) = {
                 let mut slot = cell.slot();
-                if !(all && slot.units > 0 || slot.is_expired(self.clock.now())) {
+                if !(all && slot.open > 0 || slot.is_expired(self.clock.now())) {
                     continue;
                 }
-                (slot.return_request(), slot.rule().cloned())
+                (slot.return_request(), slot.rule().cloned(), slot.open)
             };
-            let Some(request) = request else {
-                continue;
-            };
-            match self.store.lease(&request).await {
-                Err(error) if never_sent(&error) => cell.slot().restore(request.give_back),
-                // Returned, or maybe returned: gone from this instance either way.
-                _ => {
-                    if let (Some(rule), Some((units, _, _))) = (rule, request.give_back) {
-                        self.lease_gauge(&rule, -gauge(units));
+            if let Some(request) = request {
+                if let Err(error) = self.store.lease(&request).await {
+                    if never_sent(&error) {
+                        // Kept for the next run; anything else is gone either way.
+                        cell.slot().restore(request.give_back);
+                        continue;
                     }
                 }
+            }
+            cell.slot().open = 0;
+            if let Some(rule) = rule {
+                self.lease_gauge(&rule, -gauge(open));
             }
         }
     }

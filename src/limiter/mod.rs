@@ -158,6 +158,14 @@ impl<S: Store> Limiter<S> {
         settings: LimiterSettings,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let leases = Leases::new(
+            lease::DEFAULT_CAPACITY,
+            settings.replicas,
+            metrics
+                .local_decisions
+                .get_or_create(&crate::telemetry::LayerLabel { layer: "lease" })
+                .clone(),
+        );
         Self {
             settings,
             metrics,
@@ -166,7 +174,7 @@ impl<S: Store> Limiter<S> {
             clock,
             precheck: Precheck::new(precheck::DEFAULT_CAPACITY),
             precheck_on: store.is_shared(),
-            leases: Leases::new(lease::DEFAULT_CAPACITY, settings.replicas),
+            leases,
             store,
         }
     }

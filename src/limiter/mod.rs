@@ -8,8 +8,8 @@
 pub mod blocked;
 pub mod explain;
 pub mod fallback;
+mod hotkeys;
 pub mod lease;
-mod leased;
 pub mod meter;
 pub mod precheck;
 pub mod stats;
@@ -28,8 +28,8 @@ use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::BlockedCache;
 use fallback::Fallback;
+use hotkeys::{HotKeyLayer, Leased};
 use lease::Leases;
-use leased::Leased;
 use precheck::Precheck;
 
 /// One descriptor of a request, borrowed from the wire message.
@@ -474,37 +474,6 @@ impl<S: Store> Limiter<S> {
         self.finish(item, &counters, limit_index, decision, split.near_limit > 0)
     }
 
-    /// Which hot-key layer of a shared store answers `item`, if any: its lease (the
-    /// units to lease), or a pre-check refusal.
-    fn hot_key_layer(
-        &self,
-        item: &Pending<'_>,
-        check: &StoreCheck,
-        now: Micros,
-    ) -> Option<HotKeyLayer> {
-        if self.store.is_shared()
-            && !self.settings.stop_increment_when_over_limit
-            && item.rule.limits.len() == 1
-        {
-            let lease = item.rule.limits[0].lease;
-            if let Some(units) = self.leases.size(&lease, check, now) {
-                return Some(HotKeyLayer::Lease {
-                    units,
-                    ttl: lease.ttl,
-                });
-            }
-        }
-        if !self.precheck_on || item.rule.shadow_mode {
-            return None;
-        }
-        self.precheck
-            .refuses(check.key, &check.limits, check.cost, now)
-            .map(|(limit_index, decision)| HotKeyLayer::Refused {
-                limit_index,
-                decision,
-            })
-    }
-
     /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
     fn local_verdict<'r>(
         &self,
@@ -552,24 +521,6 @@ impl<S: Store> Limiter<S> {
             over_limit: !decision.allowed && !shadow,
         })
     }
-}
-
-/// What a hot-key layer decided for one descriptor before the store.
-enum HotKeyLayer {
-    /// The rule leases: decide from (or renew) this instance's lease.
-    Lease {
-        /// Units to lease.
-        units: u64,
-        /// The rule's `lease_ttl`.
-        ttl: Micros,
-    },
-    /// The pre-check refused.
-    Refused {
-        /// The refusing limit.
-        limit_index: usize,
-        /// The refusal.
-        decision: Decision,
-    },
 }
 
 /// Runs a store call, abandoning it at `deadline`: the store's own timeout may be longer

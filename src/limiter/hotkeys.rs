@@ -1,5 +1,7 @@
-//! The leased path of the [`Limiter`]: answers from this instance's lease, renews it
-//! with one lease call, and returns unused units (see [`super::lease`] for the bounds).
+//! The hot-key layers of the [`Limiter`] that need the store's kind: which layer takes
+//! a descriptor (lease or pre-check, shared stores only), and the leased path: answer
+//! from this instance's lease, renew it with one lease call, return unused units (see
+//! [`super::lease`] for the bounds).
 
 use std::sync::Arc;
 
@@ -7,7 +9,7 @@ use tokio::time::Instant;
 
 use super::fallback::{self, Fallback};
 use super::{lease, Limiter, LimiterError, Pending, Verdict};
-use crate::algorithm::Micros;
+use crate::algorithm::{Decision, Micros};
 use crate::rules::FailureMode;
 use crate::store::{LeaseRequest, Store, StoreCheck, StoreError};
 use crate::telemetry::RuleLabel;
@@ -22,9 +24,58 @@ pub(super) enum Leased<'r> {
     Failed(LimiterError),
 }
 
+/// What a hot-key layer decided for one descriptor before the store.
+pub(super) enum HotKeyLayer {
+    /// The rule leases: decide from (or renew) this instance's lease.
+    Lease {
+        /// Units to lease.
+        units: u64,
+        /// The rule's `lease_ttl`.
+        ttl: Micros,
+    },
+    /// The pre-check refused.
+    Refused {
+        /// The refusing limit.
+        limit_index: usize,
+        /// The refusal.
+        decision: Decision,
+    },
+}
+
 // === impl Limiter ===
 
 impl<S: Store> Limiter<S> {
+    /// Which hot-key layer of a shared store answers `item`, if any: its lease (the
+    /// units to lease), or a pre-check refusal.
+    pub(super) fn hot_key_layer(
+        &self,
+        item: &Pending<'_>,
+        check: &StoreCheck,
+        now: Micros,
+    ) -> Option<HotKeyLayer> {
+        if self.store.is_shared()
+            && !self.settings.stop_increment_when_over_limit
+            && item.rule.limits.len() == 1
+        {
+            let lease = item.rule.limits[0].lease;
+            if let Some(units) = self.leases.size(&lease, check, now) {
+                return Some(HotKeyLayer::Lease {
+                    units,
+                    ttl: lease.ttl,
+                });
+            }
+        }
+        if !self.precheck_on || item.rule.shadow_mode {
+            return None;
+        }
+        self.precheck
+            .refuses(check.key, &check.limits, check.cost, now)
+            .map(|(limit_index, decision)| HotKeyLayer::Refused {
+                limit_index,
+                decision,
+            })
+    }
+
     /// Decides a check of a leased rule: from this instance's lease if it has the
     /// units, else with one lease call (return the unused, decide, lease `units` more).
     /// A store that failed is answered by the rule's failure mode at once (one

@@ -207,6 +207,17 @@ async fn serve<S: Store>(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let reloader = tokio::spawn(reloader.run(stop_rx.clone()));
+    // Leases whose time is up give their unused units back to the other instances.
+    let lease_returns = tokio::spawn({
+        let service = service.clone();
+        async move {
+            let mut tick = tokio::time::interval(crate::limiter::lease::RETURN_INTERVAL);
+            loop {
+                tick.tick().await;
+                service.limiter().return_leases(false).await;
+            }
+        }
+    });
 
     let addr = |listener: &TcpListener| {
         listener
@@ -275,6 +286,15 @@ async fn serve<S: Store>(
     };
     reloader.abort();
     health_task.abort();
+    lease_returns.abort();
+    // Bounded: a store that is down must not hold the exit up.
+    let returned = service.limiter().return_leases(true);
+    if tokio::time::timeout(Duration::from_secs(2), returned)
+        .await
+        .is_err()
+    {
+        tracing::warn!("unused lease units not all returned at exit");
+    }
     tracing::info!("sluice stopped");
     result
 }

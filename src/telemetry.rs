@@ -65,6 +65,13 @@ pub struct LayerLabel {
     pub layer: &'static str,
 }
 
+/// A rule label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    /// The reference's stats key of the rule.
+    pub rule: Arc<str>,
+}
+
 /// A store operation label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -117,6 +124,11 @@ pub struct Metrics {
     pub memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
+    /// Units of the leases this instance holds open (used or not), per rule.
+    pub lease_outstanding: Family<RuleLabel, Gauge>,
+    /// Per leased rule, the documented bound of early refusal in units:
+    /// `(replicas − 1) × N` (plus the refill reserve for token bucket and GCRA).
+    pub lease_bound: Family<RuleLabel, Gauge>,
     /// Checks per Redis batch.
     pub batch_size: Histogram,
     /// Time of one store call (`op` = `check` or `peek`), queueing included.
@@ -327,6 +339,18 @@ impl Metrics {
             "Decisions made without the store, per local layer",
             local_decisions.clone(),
         );
+        let lease_outstanding = Family::default();
+        registry.register(
+            "lease_outstanding_units",
+            "Units of the leases this instance holds open (used or not)",
+            lease_outstanding.clone(),
+        );
+        let lease_bound = Family::default();
+        registry.register(
+            "lease_early_refusal_bound_units",
+            "Most units leasing can refuse early, per leased rule: (replicas - 1) x lease size, plus the refill reserve",
+            lease_bound.clone(),
+        );
         let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
         registry.register("batch_size", "Checks per Redis batch", batch_size.clone());
         let store_durations: Family<OpLabel, Histogram, fn() -> Histogram> =
@@ -379,6 +403,8 @@ impl Metrics {
             config_rules,
             memory_evictions,
             local_decisions,
+            lease_outstanding,
+            lease_bound,
             store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
             rule_counters: RwLock::new(HashMap::default()),

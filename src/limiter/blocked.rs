@@ -153,15 +153,21 @@ impl BlockedCache {
 }
 
 fn key(counter: CounterKey, limits: &[LimitCheck]) -> BlockKey {
+    BlockKey {
+        counter,
+        limits: fingerprint(limits),
+    }
+}
+
+/// Hash of a check's limits (algorithm and numbers): local layers key their entries by
+/// counter and fingerprint, so an edited rule never reads a stale entry.
+pub(crate) fn fingerprint(limits: &[LimitCheck]) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for limit in limits {
         limit.algorithm.hash(&mut hasher);
         limit.quota.hash(&mut hasher);
     }
-    BlockKey {
-        counter,
-        limits: hasher.finish(),
-    }
+    hasher.finish()
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 pub mod blocked;
 pub mod explain;
 pub mod fallback;
+mod hotkeys;
+pub mod lease;
+pub mod meter;
+pub mod precheck;
 pub mod stats;
 
 use std::borrow::Cow;
@@ -22,8 +26,11 @@ use crate::clock::Clock;
 use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
-use blocked::{Blocked, BlockedCache};
+use blocked::BlockedCache;
 use fallback::Fallback;
+use hotkeys::{HotKeyLayer, Leased};
+use lease::Leases;
+use precheck::Precheck;
 
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,6 +128,12 @@ pub struct Limiter<S> {
     clock: Arc<dyn Clock>,
     /// Answers checks by failure mode when the store cannot.
     fallback: Fallback,
+    /// Hot keys this instance alone has used up, refused without a store call.
+    precheck: Precheck,
+    /// Whether the pre-check runs (by default only for stores shared with others).
+    precheck_on: bool,
+    /// Units this instance leased per hot key (only for stores that lease).
+    leases: Leases,
 }
 
 /// A descriptor waiting for its decision.
@@ -145,14 +158,32 @@ impl<S: Store> Limiter<S> {
         settings: LimiterSettings,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let leases = Leases::new(
+            lease::DEFAULT_CAPACITY,
+            settings.replicas,
+            metrics
+                .local_decisions
+                .get_or_create(&crate::telemetry::LayerLabel { layer: "lease" })
+                .clone(),
+        );
         Self {
-            store,
             settings,
             metrics,
             blocked: BlockedCache::new(blocked::DEFAULT_CAPACITY),
             fallback: Fallback::new(settings.replicas, clock.clone()),
             clock,
+            precheck: Precheck::new(precheck::DEFAULT_CAPACITY),
+            precheck_on: store.is_shared(),
+            leases,
+            store,
         }
+    }
+
+    /// Turns the local pre-check on or off (it is on for shared stores). Tests turn it
+    /// on over a memory store shared by several limiters.
+    pub fn with_precheck(mut self, on: bool) -> Self {
+        self.precheck_on = on;
+        self
     }
 
     /// The store behind this limiter.
@@ -254,16 +285,48 @@ impl<S: Store> Limiter<S> {
             } else {
                 self.blocked.get(check.key, &check.limits, check.cost, now)
             };
-            if !is_replaced && blocked.is_none() {
+            // Then the hot-key layers of shared stores: a lease, else the pre-check.
+            let local = if is_replaced || blocked.is_some() {
+                None
+            } else {
+                self.hot_key_layer(item, check, now)
+            };
+            if !is_replaced && blocked.is_none() && local.is_none() {
                 position += 1;
                 continue;
             }
             let item = pending.remove(position);
-            checks.remove(position);
+            let check = checks.remove(position);
             if let Some(blocked) = blocked {
                 let index = item.index;
                 any_blocked = true;
-                verdicts[index] = self.blocked_verdict(item, &blocked, now);
+                let decision = blocked.decision_at(now);
+                verdicts[index] =
+                    self.local_verdict(item, "blocked_cache", blocked.limit_index, decision);
+                continue;
+            }
+            match local {
+                Some(HotKeyLayer::Lease { units, ttl }) => {
+                    match self.leased(item, &check, units, ttl, deadline).await {
+                        Leased::Answered(index, verdict) => verdicts[index] = verdict,
+                        Leased::Unleased(item) => {
+                            // The store does not lease: back in line for it.
+                            pending.insert(position, item);
+                            checks.insert(position, check);
+                            position += 1;
+                        }
+                        Leased::Failed(error) => return Err(error),
+                    }
+                }
+                Some(HotKeyLayer::Refused {
+                    limit_index,
+                    decision,
+                }) => {
+                    let index = item.index;
+                    any_blocked = true;
+                    verdicts[index] = self.local_verdict(item, "precheck", limit_index, decision);
+                }
+                None => {}
             }
         }
         if checks.is_empty() {
@@ -372,6 +435,12 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
+        if self.precheck_on && !item.rule.shadow_mode {
+            self.precheck
+                .charge(check.key, &check.limits, check.cost, now, decisions);
+        }
+        // Shadow rules use the cache too: the reference's local cache counts their
+        // refusals (`over_limit_with_local_cache`); their answer is OK either way.
         if !decision.allowed {
             self.blocked.insert(
                 check.key,
@@ -383,6 +452,17 @@ impl<S: Store> Limiter<S> {
             );
         }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
+        self.record(item, limit_index, decision, limit)
+    }
+
+    /// Records a decided descriptor's statistics and builds its verdict.
+    fn record<'r>(
+        &self,
+        item: Pending<'r>,
+        limit_index: usize,
+        decision: Decision,
+        limit: u64,
+    ) -> Verdict<'r> {
         let split = stats::split_hits(&decision, limit, item.hits, self.settings.near_limit_ratio);
         let counters = self
             .metrics
@@ -394,14 +474,15 @@ impl<S: Store> Limiter<S> {
         self.finish(item, &counters, limit_index, decision, split.near_limit > 0)
     }
 
-    /// A verdict answered from the blocked-until cache.
-    fn blocked_verdict<'r>(
+    /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
+    fn local_verdict<'r>(
         &self,
         item: Pending<'r>,
-        blocked: &Blocked,
-        now: Micros,
+        layer: &'static str,
+        limit_index: usize,
+        decision: Decision,
     ) -> Verdict<'r> {
-        self.metrics.local_decision("blocked_cache");
+        self.metrics.local_decision(layer);
         let counters = self
             .metrics
             .rule_counters(&item.rule.domain, &item.stats_label);
@@ -410,13 +491,7 @@ impl<S: Store> Limiter<S> {
         if self.settings.report_local_cache {
             counters.add(RuleStat::OverLimitWithLocalCache, item.hits);
         }
-        self.finish(
-            item,
-            &counters,
-            blocked.limit_index,
-            blocked.decision_at(now),
-            false,
-        )
+        self.finish(item, &counters, limit_index, decision, false)
     }
 
     /// Shadow handling and the per-rule decision count, common to every verdict.

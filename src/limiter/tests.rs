@@ -121,3 +121,77 @@ async fn failure_modes_decide_when_the_store_is_down() {
         "{text}"
     );
 }
+
+/// A shared store that is down, counting the calls it gets.
+#[derive(Default)]
+struct DownSharedStore {
+    checks: std::sync::atomic::AtomicU32,
+    leases: std::sync::atomic::AtomicU32,
+}
+
+impl Store for DownSharedStore {
+    async fn check(&self, _: &[StoreCheck], _: &mut Vec<Decision>) -> Result<(), StoreError> {
+        self.checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(StoreError::Timeout(std::time::Duration::from_millis(20)))
+    }
+
+    async fn peek(&self, _: &StoreCheck, _: &mut Vec<Decision>) -> Result<(), StoreError> {
+        Err(StoreError::Timeout(std::time::Duration::from_millis(20)))
+    }
+
+    fn kind(&self) -> &'static str {
+        "down-shared"
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn lease(
+        &self,
+        _: &crate::store::LeaseRequest,
+    ) -> Result<crate::store::LeaseGrant, StoreError> {
+        self.leases
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(StoreError::Timeout(std::time::Duration::from_millis(20)))
+    }
+}
+
+#[tokio::test]
+async fn a_failed_lease_call_is_answered_by_the_failure_mode_without_a_second_call() {
+    let file = ConfigFile {
+        name: "l.yaml".into(),
+        text: "domain: d\ndescriptors:\n  - key: closed\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: closed}\n  - key: error\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: error}\n".into(),
+    };
+    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
+    let metrics = Arc::new(Metrics::new());
+    let limiter = Limiter::new(
+        DownSharedStore::default(),
+        Arc::new(ManualClock::new(1_000_000)),
+        LimiterSettings::default(),
+        metrics.clone(),
+    );
+    let verdicts = limiter
+        .check(&rules, &request("closed"))
+        .await
+        .expect("closed answers");
+    assert!(!allowed(&verdicts), "closed refuses");
+    let error = limiter
+        .check(&rules, &request("error"))
+        .await
+        .expect_err("error mode fails the call");
+    assert!(matches!(error, LimiterError::Store(StoreError::Timeout(_))));
+    let store = limiter.store();
+    assert_eq!(store.leases.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        store.checks.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no second store call after a failed lease call"
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains(r#"sluice_store_fallback_total{rule="d.closed",mode="closed"} 1"#),
+        "{text}"
+    );
+}

@@ -4,8 +4,11 @@
 use std::sync::Arc;
 
 use super::schema::{RawDescriptor, RawRateLimit};
-use super::{ConfigError, FailureMode, Limit, Unit};
+use super::{ConfigError, FailureMode, Lease, LeaseMode, Limit, Unit};
 use crate::algorithm::AlgorithmKind;
+
+/// Shortest and longest `lease_ttl`.
+const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
 
 /// Highest `requests_per_unit` of a `sliding_log` limit: the log stores one timestamp
 /// per admitted unit, so its memory grows with the limit.
@@ -114,6 +117,14 @@ fn several(
             }
         }
         all_replaces.extend(replaces(file, this_name, raw, errors));
+        if raw.lease.is_some() || raw.lease_ttl.is_some() {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.lease"),
+                "lease is only supported on a single rate_limit (a lease is one \
+                 limit's units; several limits are decided all-or-nothing)",
+            ));
+        }
         let unit_name = raw.unit.as_deref().unwrap_or_default();
         let Some(unit) = Unit::parse(unit_name) else {
             errors.push(ConfigError::reference(
@@ -222,11 +233,84 @@ fn limit(
             ),
         ));
     }
+    let lease = lease(file, path, raw, algorithm, requests_per_unit, errors);
     (errors.len() == before).then_some(Limit {
         requests_per_unit,
         unit,
         algorithm,
         burst: raw.burst,
         failure_mode,
+        lease,
     })
+}
+
+/// `lease` and `lease_ttl`: which algorithms can lease, and sizes that can be granted.
+fn lease(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    algorithm: AlgorithmKind,
+    requests_per_unit: u32,
+    errors: &mut Vec<ConfigError>,
+) -> Lease {
+    let mut lease = Lease::default();
+    let lease_path = format!("{path}.lease");
+    lease.mode = match raw.lease.as_deref().unwrap_or_default() {
+        "" | "off" => LeaseMode::Off,
+        "auto" => LeaseMode::Auto,
+        text => match text.parse::<u32>() {
+            Ok(0) | Err(_) => {
+                errors.push(ConfigError::sluice(
+                    file,
+                    &lease_path,
+                    format!("lease must be off, auto or a number of units ≥ 1, got '{text}'"),
+                ));
+                LeaseMode::Off
+            }
+            Ok(units) => LeaseMode::Units(units),
+        },
+    };
+    let capacity = match algorithm {
+        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => raw.burst.unwrap_or(requests_per_unit),
+        _ => requests_per_unit,
+    };
+    if let LeaseMode::Units(units) = lease.mode {
+        if units > capacity {
+            errors.push(ConfigError::sluice(
+                file,
+                &lease_path,
+                format!("a lease of {units} units can never be granted by a limit of {capacity}"),
+            ));
+        }
+    }
+    if lease.mode != LeaseMode::Off && algorithm == AlgorithmKind::SlidingLog {
+        errors.push(ConfigError::sluice(
+            file,
+            &lease_path,
+            "sliding_log cannot lease: its log dates each unit, and leased units are used \
+             after they are charged, so the log would free them early; use \
+             sliding_window, fixed_window, token_bucket or gcra",
+        ));
+    }
+    if let Some(text) = raw.lease_ttl.as_deref() {
+        let ttl_path = format!("{path}.lease_ttl");
+        match humantime::parse_duration(text).map(|d| u64::try_from(d.as_micros())) {
+            Ok(Ok(ttl)) if (LEASE_TTL_RANGE.0..=LEASE_TTL_RANGE.1).contains(&ttl) => {
+                lease.ttl = ttl;
+            }
+            _ => errors.push(ConfigError::sluice(
+                file,
+                &ttl_path,
+                format!("lease_ttl must be a duration from 1ms to 60s (like 250ms), got '{text}'"),
+            )),
+        }
+        if lease.mode == LeaseMode::Off {
+            errors.push(ConfigError::sluice(
+                file,
+                &ttl_path,
+                "lease_ttl needs lease: auto or a number of units",
+            ));
+        }
+    }
+    lease
 }

@@ -155,6 +155,7 @@ fn dump_line(rule: &Rule) -> String {
             limit.algorithm != AlgorithmKind::FixedWindow
                 || limit.burst.is_some()
                 || limit.failure_mode != FailureMode::Open
+                || limit.lease.mode != LeaseMode::Off
         });
     if extended {
         let limits: Vec<String> = rule
@@ -171,6 +172,11 @@ fn dump_line(rule: &Rule) -> String {
                     text.push_str(&format!(" burst={burst}"));
                 }
                 text.push_str(&format!(" failure_mode={:?}", limit.failure_mode).to_lowercase());
+                match limit.lease.mode {
+                    LeaseMode::Off => {}
+                    LeaseMode::Auto => text.push_str(" lease=auto"),
+                    LeaseMode::Units(n) => text.push_str(&format!(" lease={n}")),
+                }
                 text
             })
             .collect();
@@ -209,6 +215,7 @@ fn override_match<'r>(
             algorithm: AlgorithmKind::FixedWindow,
             burst: None,
             failure_mode: FailureMode::Open,
+            lease: Lease::default(),
         }],
         unlimited: false,
         shadow_mode: false,

@@ -85,6 +85,41 @@ pub enum FailureMode {
     Error,
 }
 
+/// Token leasing of a limit (DESIGN §6, layer 3): `lease: off | auto | N`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LeaseMode {
+    /// Every check goes to the store (default).
+    #[default]
+    Off,
+    /// Lease only keys this instance sees above a rate threshold, with a lease size
+    /// derived from the limit (see `limiter::lease`).
+    Auto,
+    /// Take this many units per store call for every key of the rule.
+    Units(u32),
+}
+
+/// Default lifetime of a lease.
+pub const DEFAULT_LEASE_TTL_MICROS: u64 = 250_000;
+
+/// How a limit is leased.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// Off, auto or a fixed size.
+    pub mode: LeaseMode,
+    /// Longest life of one lease in microseconds (`lease_ttl`, default 250 ms); never
+    /// past the end of a fixed or sliding window.
+    pub ttl: u64,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self {
+            mode: LeaseMode::Off,
+            ttl: DEFAULT_LEASE_TTL_MICROS,
+        }
+    }
+}
+
 /// One limit of a rule: `requests_per_unit` per `unit` under an algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
@@ -98,6 +133,8 @@ pub struct Limit {
     pub burst: Option<u32>,
     /// What happens to this limit's checks when the store fails.
     pub failure_mode: FailureMode,
+    /// Token leasing (only for a rule's single `rate_limit`).
+    pub lease: Lease,
 }
 
 impl Limit {

@@ -47,6 +47,8 @@ const VALID_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "failure_mode",
+    "lease",
+    "lease_ttl",
 ];
 
 /// The root of a file.
@@ -90,6 +92,10 @@ pub(crate) struct RawRateLimit {
     pub burst: Option<u32>,
     /// Sluice: what happens when the store fails.
     pub failure_mode: Option<String>,
+    /// Sluice: token leasing, `off`, `auto` or a number of units.
+    pub lease: Option<String>,
+    /// Sluice: longest life of a lease (`250ms`, `1s`).
+    pub lease_ttl: Option<String>,
 }
 
 /// One item of `replaces`.

@@ -345,3 +345,71 @@ fn merged_domains_still_reject_duplicate_keys() {
         "b.yaml: duplicate domain 'd' in config file"
     );
 }
+
+#[test]
+fn lease_compiles_and_is_validated() {
+    let rules = compile(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, lease: 10, lease_ttl: 100ms}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 100, lease: auto}\n",
+    )
+    .unwrap();
+    let lease_of = |key: &str| match rules.lookup("d", &entries(&[(key, "v")]), None) {
+        Lookup::Matched(m) => m.rule.limits[0].lease,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        lease_of("a"),
+        Lease {
+            mode: LeaseMode::Units(10),
+            ttl: 100_000
+        }
+    );
+    assert_eq!(lease_of("b").mode, LeaseMode::Auto);
+    assert_eq!(lease_of("b").ttl, DEFAULT_LEASE_TTL_MICROS);
+    assert!(rules.dump_lines().iter().any(|l| l.contains("lease=10")));
+
+    let cases = [
+        (
+            "{unit: second, requests_per_unit: 5, lease: 0}",
+            "lease must be off, auto or a number of units ≥ 1, got '0'",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, lease: many}",
+            "got 'many'",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, lease: 6}",
+            "a lease of 6 units can never be granted by a limit of 5",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, algorithm: sliding_log, lease: 2}",
+            "sliding_log cannot lease",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, lease: 2, lease_ttl: 2m}",
+            "lease_ttl must be a duration from 1ms to 60s",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, lease_ttl: 20ms}",
+            "lease_ttl needs lease",
+        ),
+    ];
+    for (limit, expected) in cases {
+        let text = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {limit}\n");
+        let found = errors(&text);
+        assert!(
+            found
+                .iter()
+                .any(|e| e.contains(expected) && e.contains("descriptors[0].rate_limit.lease")),
+            "{limit}: {found:?}"
+        );
+    }
+    let several = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 5, lease: 2}\n",
+    );
+    assert!(
+        several
+            .iter()
+            .any(|e| e.contains("lease is only supported on a single rate_limit")),
+        "{several:?}"
+    );
+}

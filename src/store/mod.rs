@@ -9,7 +9,7 @@ pub mod redis;
 
 use std::future::Future;
 
-use crate::algorithm::{AlgorithmKind, Decision, Quota};
+use crate::algorithm::{AlgorithmKind, Decision, Micros, Quota};
 pub use key::{CounterKey, LimitKey};
 
 /// One limit to decide within a [`StoreCheck`].
@@ -30,6 +30,37 @@ pub struct StoreCheck {
     pub limits: Vec<LimitCheck>,
     /// Units this request costs (0 = check without charging).
     pub cost: u64,
+}
+
+/// A lease call (DESIGN §6, layer 3) for one single-limit check: return what is unused
+/// of the previous lease, decide the request, and if admitted take `units` more,
+/// all-or-nothing, in one atomic store call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The request's check (exactly one limit); `cost` 0 only returns units.
+    pub check: StoreCheck,
+    /// Units to lease if the request is admitted (0: none).
+    pub units: u64,
+    /// Longest life of the lease in microseconds (token bucket and GCRA reserve its
+    /// refill, see `limiter::lease`).
+    pub lifetime: Micros,
+    /// The previous lease's unused units, the store time it was granted at and its
+    /// lifetime.
+    pub give_back: Option<(u64, Micros, Micros)>,
+}
+
+/// What a lease call answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The request's decision, as [`Store::check`] would have answered it.
+    pub decision: Decision,
+    /// Units leased (0 or the units asked for).
+    pub units: u64,
+    /// The store's clock when it decided (identifies the lease's window and refill).
+    pub store_now: Micros,
+    /// Time left in the current window (fixed and sliding window; 0 for the others):
+    /// a lease never outlives the window it was charged in.
+    pub window_left: Micros,
 }
 
 /// Errors a store reports. Every store error is answered by the rule's failure mode.
@@ -98,6 +129,22 @@ pub trait Store: Send + Sync + 'static {
     /// Short name for `/status` and logs (`memory`, `redis`, ...).
     fn kind(&self) -> &'static str;
 
+    /// Whether other instances share these counters (a remote store): the hot-key
+    /// layers that answer from local memory are only worth their cost then.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Runs a lease call (see [`LeaseRequest`]). Stores that do not lease (the memory
+    /// store: its counters are local anyway) answer with an error, and the limiter
+    /// decides through [`Store::check`] instead.
+    fn lease(
+        &self,
+        _request: &LeaseRequest,
+    ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send {
+        async { Err(StoreError::Protocol("this store does not lease".into())) }
+    }
+
     /// Health and breaker state for `/status`. A store that cannot fail is always ok.
     fn status(&self) -> StoreStatus {
         StoreStatus::default()
@@ -143,6 +190,17 @@ impl<T: Store> Store for std::sync::Arc<T> {
 
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+
+    fn is_shared(&self) -> bool {
+        (**self).is_shared()
+    }
+
+    fn lease(
+        &self,
+        request: &LeaseRequest,
+    ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send {
+        (**self).lease(request)
     }
 
     fn status(&self) -> StoreStatus {

@@ -13,6 +13,7 @@
 pub mod batcher;
 pub mod client;
 pub mod health;
+pub mod lease;
 pub mod script;
 pub mod tls;
 
@@ -27,7 +28,7 @@ pub use tls::{RedisTls, RedisTlsError};
 
 use crate::algorithm::{Decision, Micros};
 use crate::store::breaker::BreakerSettings;
-use crate::store::{Store, StoreCheck, StoreError, StoreStatus};
+use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus};
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
 
@@ -94,6 +95,15 @@ impl RedisStore {
             .unwrap_or_else(|| Err(StoreError::Protocol("no reply".into())))?;
         decisions.extend(result);
         Ok(())
+    }
+
+    /// A lease call at an injected time `now` instead of Redis `TIME` (tests only).
+    pub async fn lease_at(
+        &self,
+        request: &LeaseRequest,
+        now: Micros,
+    ) -> Result<LeaseGrant, StoreError> {
+        lease::run(&self.shared, request, Some(now)).await
     }
 
     /// Queues `checks` for the batcher and waits for their decisions; fails at once when
@@ -178,6 +188,36 @@ impl Store for RedisStore {
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         self.submit(vec![check.clone()], false, decisions).await
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let started = Instant::now();
+        let slot = if self.shared.clustered {
+            batcher::slot_of(&request.check)
+        } else {
+            0
+        };
+        let result = match self.shared.health.allow(std::iter::once(slot)) {
+            Ok(()) => {
+                let result = lease::run(&self.shared, request, None).await;
+                self.shared.health.record(slot, result.as_ref().map(|_| ()));
+                self.shared
+                    .health
+                    .refresh_routing(&self.shared.client, result.is_err());
+                result
+            }
+            Err(error) => Err(error),
+        };
+        let metrics = &self.shared.metrics;
+        metrics.store_duration("lease", started.elapsed());
+        if let Err(error) = &result {
+            metrics.store_error(error.kind());
+        }
+        result
     }
 
     fn status(&self) -> StoreStatus {

@@ -1,4 +1,4 @@
-//! Measured effect of the hot-key layers (DESIGN §6; README `docs/readme/hotkeys.md`).
+//! Measured effect of the hot-key layers (DESIGN §6; the README's "Hot keys" section).
 //!
 //! A small closed-loop load generator: 64 concurrent callers send ShouldRateLimit calls
 //! to one in-process Sluice for a fixed time, on the memory store and on a real Redis.

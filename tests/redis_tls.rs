@@ -26,7 +26,7 @@ use support::TestServer;
 
 const PASSWORD: &str = "tls-acl-s3cret";
 
-/// The README's minimal ACL user (docs/readme/redis-tls.md), verbatim but for the
+/// The README's minimal ACL user (the "Shared counters in Redis" section), verbatim but for the
 /// password.
 const ACL_USER: &str = "sluice on >PASSWORD ~sluice:* resetchannels -@all +evalsha +script|load +time +get +set +del +pexpire +zadd +zrem +zrange +zremrangebyscore +auth +client|id +info +select +cluster|slots +cluster|shards +cluster|info";
 

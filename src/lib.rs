@@ -12,6 +12,7 @@ pub mod clock;
 pub mod commands;
 pub mod limiter;
 pub mod listener;
+pub mod pem;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -9,12 +9,11 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use tokio_rustls::rustls::crypto::ring;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 use super::verify::SanVerifier;
+use crate::pem::{certificates, invalid, private_key};
 use crate::settings::{parse_go_bool, SettingsError};
 
 /// gRPC TLS flags of `sluice serve`.
@@ -47,26 +46,8 @@ pub struct TlsSettings {
     pub client_sans: Vec<String>,
 }
 
-/// A TLS file that could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file could not be read.
-    #[error("reading {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A file held no usable PEM item or rustls refused it.
-    #[error("{path}: {reason}")]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-}
+/// Why the TLS files could not be used.
+pub use crate::pem::PemError as TlsError;
 
 // === impl TlsSettings ===
 
@@ -214,37 +195,11 @@ fn stamps(settings: &TlsSettings) -> Vec<Stamp> {
         .collect()
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn invalid(path: &Path, reason: impl ToString) -> TlsError {
-    TlsError::Invalid {
-        path: path.to_owned(),
-        reason: reason.to_string(),
-    }
-}
-
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(path, e))?;
-    if certs.is_empty() {
-        return Err(invalid(path, "no PEM certificate"));
-    }
-    Ok(certs)
-}
-
 /// Builds the rustls configuration from the files.
 fn build(settings: &TlsSettings) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(ring::default_provider());
     let chain = certificates(&settings.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&read(&settings.key)?)
-        .map_err(|e| invalid(&settings.key, e))?;
+    let key = private_key(&settings.key)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(&settings.cert, e))?;

@@ -7,16 +7,17 @@
 //! `tls-auth-clients`. Files are read once at startup; errors name the file, never its
 //! content (a key is never logged).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
 };
 use tokio_rustls::rustls::client::WebPkiServerVerifier;
+
+use crate::pem::{certificates, invalid, private_key, PemError};
 use tokio_rustls::rustls::crypto::ring;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, Error as RustlsError, RootCertStore,
     SignatureScheme,
@@ -39,22 +40,9 @@ pub struct RedisTls {
 /// A Redis TLS file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisTlsError {
-    /// A file could not be read.
-    #[error("reading {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A file held no usable PEM item, or rustls refused it.
-    #[error("{path}: {reason}")]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
+    /// A certificate or key file could not be used.
+    #[error(transparent)]
+    File(#[from] PemError),
     /// No root certificate to trust.
     #[error("no trusted roots: {0}")]
     NoRoots(String),
@@ -91,15 +79,16 @@ impl RedisTls {
         match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
                 let chain = certificates(cert)?;
-                let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
-                    .map_err(|e| invalid(key, format!("no usable PEM private key ({e})")))?;
+                let key_der = private_key(key)?;
                 builder
                     .with_client_auth_cert(chain, key_der)
-                    .map_err(|e| invalid(key, e))
+                    .map_err(|e| invalid(key, e).into())
             }
             (None, None) => Ok(builder.with_no_client_auth()),
-            (Some(cert), None) => Err(invalid(cert, "--redis-tls-cert needs --redis-tls-key")),
-            (None, Some(key)) => Err(invalid(key, "--redis-tls-key needs --redis-tls-cert")),
+            (Some(cert), None) => {
+                Err(invalid(cert, "--redis-tls-cert needs --redis-tls-key").into())
+            }
+            (None, Some(key)) => Err(invalid(key, "--redis-tls-key needs --redis-tls-cert").into()),
         }
     }
 
@@ -128,31 +117,6 @@ impl RedisTls {
         }
         Ok(roots)
     }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, RedisTlsError> {
-    std::fs::read(path).map_err(|source| RedisTlsError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn invalid(path: &Path, reason: impl ToString) -> RedisTlsError {
-    RedisTlsError::Invalid {
-        path: path.to_owned(),
-        reason: reason.to_string(),
-    }
-}
-
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, RedisTlsError> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(path, e))?;
-    if certs.is_empty() {
-        return Err(invalid(path, "no PEM certificate"));
-    }
-    Ok(certs)
 }
 
 /// Verifies the chain like rustls's WebPKI verifier but accepts a name mismatch.
@@ -212,6 +176,8 @@ impl ServerCertVerifier for SkipHostname {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -280,7 +280,7 @@ impl<S: Store> Limiter<S> {
                 .name
                 .as_deref()
                 .is_some_and(|name| replaced.contains(name));
-            let blocked = if is_replaced {
+            let blocked = if is_replaced || !self.uses_blocked_cache(&item.rule) {
                 None
             } else {
                 self.blocked.get(check.key, &check.limits, check.cost, now)
@@ -412,6 +412,14 @@ impl<S: Store> Limiter<S> {
         Ok(())
     }
 
+    /// Whether `rule` is answered by the blocked-until cache. Never for shadow rules
+    /// (DESIGN §6: their refusals reach the store and the shadow report), except in the
+    /// reference's compatibility mode (`LOCAL_CACHE_SIZE_IN_BYTES`), whose local cache
+    /// counts their refusals under `over_limit_with_local_cache`.
+    fn uses_blocked_cache(&self, rule: &Rule) -> bool {
+        !rule.shadow_mode || self.settings.report_local_cache
+    }
+
     /// Builds one descriptor's verdict from the store's decisions, records statistics
     /// and remembers a refusal in the blocked-until cache.
     fn verdict<'r>(
@@ -439,9 +447,7 @@ impl<S: Store> Limiter<S> {
             self.precheck
                 .charge(check.key, &check.limits, check.cost, now, decisions);
         }
-        // Shadow rules use the cache too: the reference's local cache counts their
-        // refusals (`over_limit_with_local_cache`); their answer is OK either way.
-        if !decision.allowed {
+        if !decision.allowed && self.uses_blocked_cache(&item.rule) {
             self.blocked.insert(
                 check.key,
                 &check.limits,

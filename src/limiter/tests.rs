@@ -195,3 +195,36 @@ async fn a_failed_lease_call_is_answered_by_the_failure_mode_without_a_second_ca
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn shadow_rules_skip_the_blocked_cache_unless_in_reference_local_cache_mode() {
+    let file = ConfigFile {
+        name: "s.yaml".into(),
+        text: "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n".into(),
+    };
+    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
+    for report_local_cache in [false, true] {
+        let metrics = Arc::new(Metrics::new());
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = crate::store::memory::MemoryStore::new(100, clock.clone());
+        let settings = LimiterSettings {
+            report_local_cache,
+            ..LimiterSettings::default()
+        };
+        let limiter = Limiter::new(store, clock, settings, metrics.clone());
+        for _ in 0..4 {
+            let verdicts = limiter
+                .check(&rules, &request("shadow"))
+                .await
+                .expect("answers");
+            assert!(allowed(&verdicts), "a shadow rule never refuses");
+        }
+        let text = metrics.encode();
+        let cached = text.contains(r#"sluice_local_decisions_total{layer="blocked_cache"}"#);
+        assert_eq!(cached, report_local_cache, "{text}");
+        assert!(
+            text.contains(r#"sluice_rule_hits_total{rule="d.shadow",stat="shadow_mode"} 3"#),
+            "{text}"
+        );
+    }
+}

@@ -7,12 +7,10 @@
 mod pki;
 mod support;
 
-use std::process::Command;
-use std::time::Duration;
-
 use pki::{write_atomic, Ca};
 use support::common::TestServer;
-use support::{envoy_bin, free_port, wait_for_200, Process};
+use support::envoy::spawn_ready;
+use support::{envoy_bin, free_port};
 
 const RULES: &str = "domain: mtls\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
 
@@ -132,7 +130,8 @@ async fn stat(client: &reqwest::Client, admin: u16, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_calls_sluice_over_mtls() {
-    let envoy_bin = envoy_bin();
+    // Fails at once, naming the install step, when Envoy is missing.
+    let _ = envoy_bin();
     let dir = tempfile::tempdir().expect("temp dir");
     let server_ca = Ca::new("sluice e2e server CA");
     let client_ca = Ca::new("sluice e2e client CA");
@@ -163,26 +162,9 @@ async fn envoy_calls_sluice_over_mtls() {
     .await;
 
     let (admin, ingress, backend) = (free_port(), free_port(), free_port());
-    let config = dir.path().join("envoy.yaml");
     let dir_text = dir.path().to_string_lossy().into_owned();
-    std::fs::write(
-        &config,
-        bootstrap(admin, ingress, backend, sluice.grpc.port(), &dir_text),
-    )
-    .expect("write bootstrap");
-    let mut command = Command::new(envoy_bin);
-    command
-        .arg("-c")
-        .arg(&config)
-        .args(["--use-dynamic-base-id", "--concurrency", "1"])
-        .args(["--log-level", "warn"]);
-    let mut envoy = Process::spawn("envoy", command, &dir.path().join("envoy.log"));
-    wait_for_200(
-        &format!("http://127.0.0.1:{admin}/ready"),
-        Duration::from_secs(20),
-        &mut envoy,
-    )
-    .await;
+    let bootstrap = bootstrap(admin, ingress, backend, sluice.grpc.port(), &dir_text);
+    let envoy = spawn_ready(dir.path(), &bootstrap, admin).await;
 
     let client = reqwest::Client::new();
     let mut codes = Vec::new();

@@ -45,21 +45,7 @@ impl Envoy {
             ],
         );
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = dir.path().join("envoy.yaml");
-        std::fs::write(&config, bootstrap).expect("write bootstrap");
-        let mut command = Command::new(envoy_bin());
-        command
-            .arg("-c")
-            .arg(&config)
-            .args(["--use-dynamic-base-id", "--concurrency", "1"])
-            .args(["--log-level", "warn"]);
-        let mut process = Process::spawn("envoy", command, &dir.path().join("envoy.log"));
-        wait_for_200(
-            &format!("http://127.0.0.1:{admin_port}/ready"),
-            Duration::from_secs(20),
-            &mut process,
-        )
-        .await;
+        let process = spawn_ready(dir.path(), &bootstrap, admin_port).await;
         Self {
             admin_port,
             ingress_port,
@@ -116,4 +102,25 @@ pub fn render_ports(template: &str, ports: &[(u16, u16)]) -> String {
         text = text.replace(&needle, &format!("port_value: {to}}}"));
     }
     text
+}
+
+/// Runs Envoy on `bootstrap` (written into `dir`, which also takes its log) and waits
+/// until the admin port `admin_port` says it is ready.
+pub async fn spawn_ready(dir: &std::path::Path, bootstrap: &str, admin_port: u16) -> Process {
+    let config = dir.join("envoy.yaml");
+    std::fs::write(&config, bootstrap).expect("write bootstrap");
+    let mut command = Command::new(envoy_bin());
+    command
+        .arg("-c")
+        .arg(&config)
+        .args(["--use-dynamic-base-id", "--concurrency", "1"])
+        .args(["--log-level", "warn"]);
+    let mut process = Process::spawn("envoy", command, &dir.join("envoy.log"));
+    wait_for_200(
+        &format!("http://127.0.0.1:{admin_port}/ready"),
+        Duration::from_secs(20),
+        &mut process,
+    )
+    .await;
+    process
 }

@@ -51,26 +51,16 @@ async fn servers(
     store: &str,
     url: &str,
 ) -> (Vec<TestServer>, Vec<RateLimitServiceClient<Channel>>) {
-    let mut servers = Vec::new();
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        let server = TestServer::start(
-            &[("exact.yaml".to_owned(), rules())],
-            &[],
-            &[
-                "--store",
-                store,
-                "--redis-url",
-                url,
-                "--redis-timeout",
-                "2s",
-            ],
-        )
-        .await;
-        clients.push(server.client().await);
-        servers.push(server);
-    }
-    (servers, clients)
+    let rules = rules();
+    let flags = [
+        "--store",
+        store,
+        "--redis-url",
+        url,
+        "--redis-timeout",
+        "2s",
+    ];
+    support::instances(4, ("exact.yaml", &rules), &flags).await
 }
 
 /// Fires `CALLS` calls (`key_of(i)` names call i's descriptor value) round-robin over

@@ -221,27 +221,18 @@ async fn four_instances_lease_within_the_bound_on_a_cluster() {
 }
 
 async fn accuracy(store: &str, url: &str) {
-    let mut servers = Vec::new();
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        let server = TestServer::start(
-            &[("lease.yaml".to_owned(), rules())],
-            &[],
-            &[
-                "--store",
-                store,
-                "--redis-url",
-                url,
-                "--redis-timeout",
-                "2s",
-                "--replicas",
-                "4",
-            ],
-        )
-        .await;
-        clients.push(server.client().await);
-        servers.push(server);
-    }
+    let rules = rules();
+    let flags = [
+        "--store",
+        store,
+        "--redis-url",
+        url,
+        "--redis-timeout",
+        "2s",
+        "--replicas",
+        "4",
+    ];
+    let (servers, clients) = support::instances(4, ("lease.yaml", &rules), &flags).await;
     for algorithm in LEASABLE {
         let mut admitted = 0;
         for chunk in (0..CALLS).collect::<Vec<_>>().chunks(CONCURRENCY) {
@@ -310,27 +301,17 @@ async fn refilling_buckets_never_admit_beyond_their_guarantee() {
     let redis = RedisServer::start();
     let url = redis.url();
     let rules = "domain: refill\ndescriptors:\n  - key: token_bucket\n    rate_limit: {unit: second, requests_per_unit: 200, algorithm: token_bucket, lease: 10}\n  - key: gcra\n    rate_limit: {unit: second, requests_per_unit: 200, algorithm: gcra, lease: 10}\n";
-    let mut servers = Vec::new();
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        let server = TestServer::start(
-            &[("refill.yaml".to_owned(), rules.to_owned())],
-            &[],
-            &[
-                "--store",
-                "redis",
-                "--redis-url",
-                &url,
-                "--redis-timeout",
-                "2s",
-                "--replicas",
-                "4",
-            ],
-        )
-        .await;
-        clients.push(server.client().await);
-        servers.push(server);
-    }
+    let flags = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "2s",
+        "--replicas",
+        "4",
+    ];
+    let (servers, clients) = support::instances(4, ("refill.yaml", rules), &flags).await;
     for algorithm in ["token_bucket", "gcra"] {
         let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let started = std::time::Instant::now();

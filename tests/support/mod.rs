@@ -134,6 +134,24 @@ impl Drop for TestServer {
     }
 }
 
+/// `count` servers sharing one rule file (`name`, `text`) and the given `serve` flags
+/// (for example one Redis store), and a gRPC client to each.
+pub async fn instances(
+    count: usize,
+    rule_file: (&str, &str),
+    flags: &[&str],
+) -> (Vec<TestServer>, Vec<RateLimitServiceClient<Channel>>) {
+    let files = [(rule_file.0.to_owned(), rule_file.1.to_owned())];
+    let mut servers = Vec::with_capacity(count);
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        let server = TestServer::start(&files, &[], flags).await;
+        clients.push(server.client().await);
+        servers.push(server);
+    }
+    (servers, clients)
+}
+
 /// Resolves `serve` settings from argv and an explicit environment.
 pub fn settings_from(argv: &[&str], env: &[(String, String)]) -> Settings {
     let cli = Cli::try_parse_from(argv).expect("serve arguments");

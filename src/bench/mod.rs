@@ -15,11 +15,11 @@ pub mod memory;
 pub mod report;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::rls::rate_limit_response::Code;
@@ -176,10 +176,11 @@ async fn closed_loop(
     gather(workers).await
 }
 
-/// Calls started on a fixed schedule of `rate` per second: call `n` is due at
-/// `start + n / rate`, taken by whichever of the `concurrency` workers is free. Latency
-/// runs from the call's start; a schedule the workers cannot keep shows as a lower
-/// measured rate.
+/// Calls started on a fixed schedule of `rate` per second: a pacer thread releases call
+/// `n` at `start + n / rate` (to within [`PACER_TICK`]; tokio's timer has millisecond
+/// granularity, which would send the calls in bursts, one per millisecond), taken by
+/// whichever of the `concurrency` workers is free. Latency runs from the call's start;
+/// a schedule the workers cannot keep shows as a lower measured rate.
 async fn open_loop(
     args: &BenchArgs,
     clients: &[Client],
@@ -188,23 +189,21 @@ async fn open_loop(
     measure_from: Instant,
     end: Instant,
 ) -> Tally {
-    let start = tokio::time::Instant::now();
-    let tickets = Arc::new(AtomicU64::new(0));
+    let due = Arc::new(Semaphore::new(0));
+    let pacer = {
+        let due = due.clone();
+        std::thread::spawn(move || pace(&due, rate, end))
+    };
     let workers: Vec<_> = (0..args.concurrency)
         .map(|worker| {
             let mut client = clients[worker % clients.len()].clone();
             let maker = maker.clone();
-            let tickets = tickets.clone();
+            let due = due.clone();
             tokio::spawn(async move {
                 let mut tally = Tally::new();
                 let mut rng = Rng::new(worker as u64 + 1);
-                loop {
-                    let ticket = tickets.fetch_add(1, Ordering::Relaxed);
-                    let due = start + Duration::from_secs_f64(ticket as f64 / rate);
-                    if due.into_std() >= end {
-                        break;
-                    }
-                    tokio::time::sleep_until(due).await;
+                while let Ok(permit) = due.acquire().await {
+                    permit.forget();
                     let request = maker.request(maker.key(&mut rng));
                     let sent = Instant::now();
                     let result = client.should_rate_limit(request).await;
@@ -217,7 +216,34 @@ async fn open_loop(
             })
         })
         .collect();
-    gather(workers).await
+    let tally = gather(workers).await;
+    let _ = pacer.join();
+    tally
+}
+
+/// How often the pacer releases the calls that have become due.
+pub const PACER_TICK: Duration = Duration::from_micros(50);
+
+/// Releases `rate` calls per second on `due` until `end`, then closes it.
+fn pace(due: &Semaphore, rate: f64, end: Instant) {
+    let start = Instant::now();
+    let mut released = 0u64;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            due.close();
+            return;
+        }
+        let owed = ((now - start).as_secs_f64() * rate) as u64;
+        if owed > released {
+            let batch = usize::try_from(owed - released)
+                .unwrap_or(usize::MAX)
+                .min(Semaphore::MAX_PERMITS / 2);
+            due.add_permits(batch);
+            released += batch as u64;
+        }
+        std::thread::sleep(PACER_TICK);
+    }
 }
 
 /// Sums the workers' tallies.

@@ -376,7 +376,7 @@ async fn refilling_buckets_never_admit_beyond_their_guarantee() {
 async fn expired_leases_are_returned_to_other_instances() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let rules = "domain: back\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 20, lease: 10, lease_ttl: 100ms}\n";
+    let rules = "domain: back\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 20, lease: 10, lease_ttl: 1s}\n";
     let mut servers = Vec::new();
     for _ in 0..2 {
         servers.push(
@@ -419,8 +419,9 @@ async fn expired_leases_are_returned_to_other_instances() {
         .await
         .get("sluice_lease_outstanding_units{rule=\"back.k\"}");
     assert_eq!(held, 10.0, "the first instance leased 10 units");
-    // 100 ms lease + 50 ms return interval, with margin.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // 1 s lease + 50 ms return interval, with margin. (A shorter lease could expire
+    // between the call and the metrics read on a loaded machine.)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let held = servers[0]
         .metrics()
         .await

@@ -64,7 +64,8 @@ async fn memory_usage_per_key() {
             tokio::time::sleep(Duration::from_micros(50)).await;
         }
         let bytes: Option<u64> = store
-            .client()
+            .client_for(key)
+            .expect("the node is known")
             .memory_usage(limit_key(key, 0), Some(0))
             .await
             .expect("MEMORY USAGE");

@@ -7,9 +7,10 @@
 //! is one group), and makes one script call per group, which decides that group's
 //! checks in arrival order (checks on the same key coalesce into that call). All calls
 //! of a batch go out at once (fred pipelines them on each node's connection), each with
-//! its own deadline and outcome; fred routes each to its node, so a request whose
-//! descriptors live on several shards is split across nodes in parallel and answered
-//! when every part has returned, and a failed shard fails only its own calls. At most [`MAX_IN_FLIGHT`] batches are in
+//! its own deadline and outcome; each goes to the client of its slot's node
+//! ([`super::nodes`]), so a request whose descriptors live on several shards is split
+//! across nodes in parallel and answered when every part has returned, and a failed
+//! shard fails only its own calls. At most [`MAX_IN_FLIGHT`] batches are in
 //! flight; while they are, the queue absorbs new jobs, which is what makes batches
 //! grow under load.
 
@@ -17,12 +18,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fred::prelude::{Client, ClientLike, LuaInterface};
+use fred::prelude::{ClientLike, LuaInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
+use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::client::{classify, is_noscript};
+use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
 use crate::store::{StoreCheck, StoreError};
@@ -37,9 +40,9 @@ pub struct Job {
     pub checks: Vec<StoreCheck>,
     /// Charge (`true`) or peek.
     pub commit: bool,
-    /// Where the decisions (one per limit, in order) go. Closed when the caller gave up
-    /// (its own deadline): such a job is never sent.
-    pub reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
+    /// Where the decisions (one per limit, in order) go; taken when answered. Closed
+    /// when the caller gave up (its own deadline): such a job is never sent.
+    pub reply: Option<oneshot::Sender<Result<Vec<Decision>, StoreError>>>,
     /// Past this instant the caller no longer waits: the job is dropped, not sent.
     pub deadline: Instant,
 }
@@ -51,11 +54,9 @@ pub fn slot_of(check: &StoreCheck) -> u16 {
 
 /// What every batch needs.
 pub struct Shared {
-    /// The fred client (cloning it shares its connections).
-    pub client: Client,
-    /// Whether keys must be grouped by slot.
-    pub clustered: bool,
-    /// Circuit breakers (fed with every script call's outcome) and routing.
+    /// The node of each slot, with its client.
+    pub nodes: Arc<Nodes>,
+    /// Circuit breakers, fed with every script call's outcome.
     pub health: super::health::Health,
     /// Deadline of one batch's round trip.
     pub timeout: Duration,
@@ -101,7 +102,9 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
 /// first: nothing is charged for an answer nobody waits for.
 async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     let now = Instant::now();
-    jobs.retain(|job| !job.reply.is_closed() && job.deadline > now);
+    jobs.retain(|job| {
+        job.reply.as_ref().is_some_and(|reply| !reply.is_closed()) && job.deadline > now
+    });
     if jobs.is_empty() {
         return;
     }
@@ -109,16 +112,18 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     let mut index: HashMap<(bool, u16), usize> = HashMap::new();
     let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
     let mut commits: Vec<bool> = Vec::new();
-    let mut slots: Vec<u16> = Vec::new();
     let mut size = 0u64;
     for (j, job) in jobs.iter().enumerate() {
         for (c, check) in job.checks.iter().enumerate() {
             size += 1;
-            let slot = if shared.clustered { slot_of(check) } else { 0 };
+            let slot = if shared.nodes.clustered() {
+                slot_of(check)
+            } else {
+                0
+            };
             let group = *index.entry((job.commit, slot)).or_insert_with(|| {
                 groups.push(Vec::new());
                 commits.push(job.commit);
-                slots.push(slot);
                 groups.len() - 1
             });
             groups[group].push((j, c));
@@ -136,28 +141,27 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             )
         })
         .collect();
-    // Each call has its own deadline (`timeout`); this backstop covers a NOSCRIPT round
-    // (call, SCRIPT LOAD, call again), each bounded by `timeout` too.
-    let results = match tokio::time::timeout(shared.timeout * 3, run_calls(shared, &calls)).await {
-        Ok(results) => results,
-        Err(_) => calls
-            .iter()
-            .map(|_| Err(StoreError::Timeout(shared.timeout)))
-            .collect(),
-    };
-    let mut failed = false;
-    for (slot, result) in slots.iter().zip(&results) {
-        failed |= result.is_err();
-        shared.health.record(*slot, result.as_ref().map(|_| ()));
-    }
-    shared.health.refresh_routing(&shared.client, failed);
-
-    // Scatter: per job, per check, its decisions (or the job's first error).
+    // Each job is answered as soon as every call it has a check in is back, so a job
+    // never waits on a slower shard it does not touch.
+    let topology = shared.nodes.topology_now();
+    let mut pending: FuturesUnordered<_> = calls
+        .iter()
+        .enumerate()
+        .map(|(group, call)| {
+            let node = topology.route(call.slot()).cloned();
+            async move { (group, run_call(shared, node, call).await) }
+        })
+        .collect();
+    drop(topology);
+    // Per job: its decisions per check (or its first error), and the checks not back.
     let mut answers: Vec<Result<Vec<Option<Vec<Decision>>>, StoreError>> = jobs
         .iter()
         .map(|job| Ok(vec![None; job.checks.len()]))
         .collect();
-    for (members, result) in groups.iter().zip(results) {
+    let mut waiting: Vec<usize> = jobs.iter().map(|job| job.checks.len()).collect();
+    let mut replies: Vec<Option<_>> = jobs.iter_mut().map(|job| job.reply.take()).collect();
+    while let Some((group, result)) = pending.next().await {
+        let members = &groups[group];
         match result {
             Ok(decisions) => {
                 let mut rest = decisions.as_slice();
@@ -178,60 +182,77 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                 }
             }
         }
-    }
-    for (job, answer) in jobs.into_iter().zip(answers) {
-        let answer = answer.map(|slots| slots.into_iter().flatten().flatten().collect());
-        let _ = job.reply.send(answer);
-    }
-}
-
-/// Runs `calls` as one pipeline; calls the server answered with NOSCRIPT are run again
-/// after loading the script (they did not run, so nothing is charged twice).
-pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decision>, StoreError>> {
-    let mut results = pipeline(shared, calls.iter()).await;
-    let missing: Vec<usize> = results
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| matches!(r, Err(Failure::NoScript)))
-        .map(|(i, _)| i)
-        .collect();
-    if !missing.is_empty() {
-        let loaded = if shared.clustered {
-            shared
-                .client
-                .script_load_cluster::<(), _>(script::SCRIPT)
-                .await
-        } else {
-            shared
-                .client
-                .script_load::<String, _>(script::SCRIPT)
-                .await
-                .map(|_| ())
-        };
-        match loaded {
-            Ok(()) => {
-                let retried = pipeline(shared, missing.iter().map(|&i| &calls[i])).await;
-                for (i, result) in missing.into_iter().zip(retried) {
-                    results[i] = result;
-                }
-            }
-            Err(error) => {
-                let error = classify(&error, shared.timeout);
-                for i in missing {
-                    results[i] = Err(Failure::Store(error.clone()));
+        for &(j, _) in members {
+            waiting[j] -= 1;
+            if waiting[j] == 0 {
+                let answer = std::mem::replace(&mut answers[j], Ok(Vec::new()))
+                    .map(|slots| slots.into_iter().flatten().flatten().collect());
+                if let Some(reply) = replies[j].take() {
+                    let _ = reply.send(answer);
                 }
             }
         }
     }
-    results
-        .into_iter()
-        .map(|r| {
-            r.map_err(|failure| match failure {
-                Failure::NoScript => StoreError::Unavailable("NOSCRIPT after SCRIPT LOAD".into()),
-                Failure::Store(error) => error,
-            })
-        })
-        .collect()
+}
+
+/// Runs `calls` at once, each on the node of its slot (see [`run_call`]).
+pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decision>, StoreError>> {
+    let topology = shared.nodes.topology_now();
+    futures::future::join_all(
+        calls
+            .iter()
+            .map(|call| run_call(shared, topology.route(call.slot()).cloned(), call)),
+    )
+    .await
+}
+
+/// One script call on `node` (none: no node serves its slot). A NOSCRIPT answer loads the
+/// script on that node and runs the call again (it did not run, so nothing is charged
+/// twice); each step has its own deadline. Feeds the node's breaker, and asks for a
+/// fresh slot map when the call fails.
+async fn run_call(
+    shared: &Shared,
+    node: Option<Arc<Node>>,
+    call: &Call,
+) -> Result<Vec<Decision>, StoreError> {
+    let Some(node) = node else {
+        shared.nodes.suspect();
+        return Err(unrouted(call.slot()));
+    };
+    let result = match one_call(shared, &node, call).await {
+        Err(Failure::NoScript) => {
+            let loaded = tokio::time::timeout(
+                shared.timeout,
+                node.client.script_load::<String, _>(script::SCRIPT),
+            )
+            .await;
+            match loaded {
+                Ok(Ok(_)) => one_call(shared, &node, call).await,
+                Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
+                Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+            }
+        }
+        other => other,
+    };
+    let result = result.map_err(|failure| match failure {
+        Failure::NoScript => StoreError::Unavailable("NOSCRIPT after SCRIPT LOAD".into()),
+        Failure::Store(error) => error,
+    });
+    shared
+        .health
+        .record(&node.name, result.as_ref().map(|_| ()));
+    if result.is_err() {
+        shared.nodes.suspect();
+    }
+    result
+}
+
+/// The error of a call whose slot no known node serves (a cluster's slot map not read
+/// yet, or a slot left without a primary).
+pub fn unrouted(slot: u16) -> StoreError {
+    StoreError::Unavailable(format!(
+        "no redis node serves slot {slot} (slot map not known yet)"
+    ))
 }
 
 /// Why one call of a pipeline failed.
@@ -242,27 +263,11 @@ enum Failure {
     Store(StoreError),
 }
 
-/// Sends `calls` concurrently (fred pipelines them on each node's connection) and
-/// decodes each reply. Every call has its own deadline and outcome: in a cluster, a
-/// call to a dead or moved shard fails alone, never the calls of other shards in the
-/// same batch (one shared deadline made a dead primary fail, and open the breaker of,
-/// every node that shared a batch with it).
-async fn pipeline<'a>(
-    shared: &Shared,
-    calls: impl Iterator<Item = &'a Call>,
-) -> Vec<Result<Vec<Decision>, Failure>> {
-    futures::future::join_all(calls.map(|call| one_call(shared, call))).await
-}
-
-/// One script call with its own deadline.
-async fn one_call(shared: &Shared, call: &Call) -> Result<Vec<Decision>, Failure> {
-    // No typed EVALSHA with raw arguments: send it as a custom command routed by the
-    // slot of its keys (all of one call share it).
-    let slot = call
-        .keys
-        .first()
-        .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
-    let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
+/// One script call on `node`, with its own deadline: in a cluster, a call to a dead or
+/// moved shard fails alone, never the calls of other shards in the same batch.
+async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decision>, Failure> {
+    // No typed EVALSHA with raw arguments: send it as a custom command.
+    let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
     let mut args: Vec<Value> = Vec::with_capacity(2 + call.keys.len() + call.args.len());
     args.push(script::SHA.as_str().into());
     args.push(Value::Integer(call.keys.len() as i64));
@@ -270,7 +275,7 @@ async fn one_call(shared: &Shared, call: &Call) -> Result<Vec<Decision>, Failure
     args.extend(call.args.iter().map(|arg| Value::from(arg.as_str())));
     let reply = tokio::time::timeout(
         shared.timeout,
-        shared.client.custom::<Value, _>(command, args),
+        node.client.custom::<Value, _>(command, args),
     )
     .await;
     match reply {

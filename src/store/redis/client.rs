@@ -72,9 +72,9 @@ impl std::fmt::Debug for RedisOptions {
 /// Most commands waiting in fred's own queue (for example while reconnecting).
 pub const COMMAND_BUFFER: usize = 16_384;
 
-/// Builds and starts (in the background) a client for `options`.
-pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
-    let mut config = config(options)?;
+/// Builds and starts (in the background) a client for `config` (from [`config`]), with
+/// the settings of `options` that every client shares.
+pub fn connect(mut config: Config, options: &RedisOptions) -> Result<Client, StoreError> {
     // Redis absent at startup: keep retrying in the background instead of giving up
     // after the first attempt (the reference crash-loops there).
     config.fail_fast = false;
@@ -85,7 +85,6 @@ pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
             conn.max_command_attempts = 1;
             conn.connection_timeout = Duration::from_secs(2);
             conn.internal_command_timeout = Duration::from_secs(2);
-            conn.max_redirections = 5;
             conn.tcp.nodelay = Some(true);
             // A password or ACL fixed on the server heals without a restart.
             conn.reconnect_on_auth_error = true;
@@ -102,8 +101,24 @@ pub fn connect(options: &RedisOptions) -> Result<Client, StoreError> {
     Ok(client)
 }
 
+/// `config` aimed at the one node `server` (a cluster primary), keeping its credentials
+/// and TLS settings.
+pub fn node_config(config: &Config, server: Server) -> Config {
+    let mut config = config.clone();
+    config.server = ServerConfig::Centralized { server };
+    config
+}
+
+/// The seed nodes of a cluster configuration (empty for other deployments).
+pub fn seeds(config: &Config) -> Vec<Server> {
+    match &config.server {
+        ServerConfig::Clustered { hosts, .. } => hosts.clone(),
+        _ => Vec::new(),
+    }
+}
+
 /// fred configuration for `options`.
-fn config(options: &RedisOptions) -> Result<Config, StoreError> {
+pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
     let bad = |reason: String| StoreError::Protocol(format!("redis url: {reason}"));
     let scheme = if options.tls { "rediss" } else { "redis" };
     let items: Vec<String> = options
@@ -279,11 +294,6 @@ pub fn mask_url(url: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Whether the client's connection is up (for `/status`).
-pub fn is_connected(client: &Client) -> bool {
-    client.is_connected()
 }
 
 #[cfg(test)]

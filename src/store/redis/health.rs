@@ -2,162 +2,84 @@
 //! primary), so a failed cluster shard takes its failure mode without closing the door
 //! on the others; a log line per breaker transition; and connection errors logged once
 //! per change (credentials never appear: Redis does not echo them and URLs are masked).
-//!
-//! In a cluster the node of a slot comes from a snapshot of fred's routing table,
-//! refreshed after errors and at most every [`ROUTING_REFRESH`] otherwise; until the
-//! first snapshot, every slot shares one breaker named `cluster`.
+//! Which node serves a call comes from [`super::nodes`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwapOption;
-use fred::prelude::{Client, ClusterInterface, EventInterface};
-use fred::types::cluster::ClusterRouting;
+use fred::prelude::{Client, EventInterface};
 
 use super::client::classify;
-use crate::store::breaker::{Breaker, BreakerSettings, BreakerState, Transition};
+use super::nodes::Topology;
+use crate::store::breaker::{Breaker, BreakerSettings, BreakerState, BreakerView, Transition};
 use crate::store::{StoreError, StoreStatus};
 use crate::telemetry::{Metrics, NodeLabel, StateLabel};
 
-/// Longest age of the routing snapshot when nothing fails.
-pub const ROUTING_REFRESH: Duration = Duration::from_millis(250);
-
-/// Breakers and routing of one Redis store.
+/// The breakers of one Redis store.
 pub struct Health {
-    /// Whether slots map to different nodes.
-    clustered: bool,
     /// Thresholds of every breaker.
     settings: BreakerSettings,
-    /// Breaker per node name.
+    /// Breaker per node name, created closed on first use.
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
-    /// The single node's breaker (standalone, Sentinel): no map lookup per call.
-    single: Arc<Breaker>,
-    /// Snapshot of fred's slot map (cluster only).
-    routing: ArcSwapOption<ClusterRouting>,
-    /// When the snapshot was taken.
-    routing_at: Mutex<Option<Instant>>,
     /// Breaker state gauge and transition counter.
     metrics: Arc<Metrics>,
 }
 
-/// Name of the single node's breaker, and of the shared one before a cluster's slot map
-/// is known.
-const SINGLE: &str = "redis";
-const UNKNOWN_CLUSTER: &str = "cluster";
-
 // === impl Health ===
 
 impl Health {
-    /// Health for a store; `clustered` when slots live on different nodes.
-    pub fn new(clustered: bool, settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
-        let single = Arc::new(Breaker::new(settings));
-        let name: Arc<str> = Arc::from(if clustered { UNKNOWN_CLUSTER } else { SINGLE });
-        metrics
-            .breaker_state
-            .get_or_create(&NodeLabel { node: name.clone() })
-            .set(0);
+    /// No breaker yet; each node's is made on its first call.
+    pub fn new(settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
         Self {
-            clustered,
             settings,
-            breakers: Mutex::new(HashMap::from([(name, single.clone())])),
-            single,
-            routing: ArcSwapOption::empty(),
-            routing_at: Mutex::new(None),
+            breakers: Mutex::default(),
             metrics,
         }
     }
 
-    /// Whether a call touching `slots` may go to Redis now; otherwise the error that
+    /// Whether a call touching `nodes` may go to Redis now; otherwise the error that
     /// sends it to the failure mode at once.
-    pub fn allow(&self, slots: impl Iterator<Item = u16>) -> Result<(), StoreError> {
+    pub fn allow<'a>(&self, nodes: impl Iterator<Item = &'a Arc<str>>) -> Result<(), StoreError> {
         let now = Instant::now();
-        if !self.clustered {
-            return self.allow_one(SINGLE, &self.single, now);
-        }
-        let mut seen: Vec<Arc<str>> = Vec::new();
-        for slot in slots {
-            let (name, breaker) = self.breaker_for(slot);
-            if seen.contains(&name) {
+        let mut seen: Vec<&Arc<str>> = Vec::new();
+        for node in nodes {
+            if seen.contains(&node) {
                 continue;
             }
-            self.allow_one(&name, &breaker, now)?;
-            seen.push(name);
+            let (allowed, transition) = self.breaker(node).allow(now);
+            if let Some(transition) = transition {
+                self.report(node, transition, None);
+            }
+            if !allowed {
+                return Err(StoreError::BreakerOpen(node.to_string()));
+            }
+            seen.push(node);
         }
         Ok(())
     }
 
-    fn allow_one(&self, name: &str, breaker: &Breaker, now: Instant) -> Result<(), StoreError> {
-        let (allowed, transition) = breaker.allow(now);
-        if let Some(transition) = transition {
-            self.report(name, transition, None);
-        }
-        if allowed {
-            Ok(())
-        } else {
-            Err(StoreError::BreakerOpen(name.to_owned()))
-        }
-    }
-
-    /// Records the outcome of one script call on `slot`.
-    pub fn record(&self, slot: u16, outcome: Result<(), &StoreError>) {
+    /// Records the outcome of one script call on `node`.
+    pub fn record(&self, node: &Arc<str>, outcome: Result<(), &StoreError>) {
         let now = Instant::now();
-        let (name, breaker) = if self.clustered {
-            self.breaker_for(slot)
-        } else {
-            (Arc::from(SINGLE), self.single.clone())
-        };
-        if let Some(transition) = breaker.record(outcome.is_ok(), now) {
-            self.report(&name, transition, outcome.err());
+        if let Some(transition) = self.breaker(node).record(outcome.is_ok(), now) {
+            self.report(node, transition, outcome.err());
         }
     }
 
-    /// Refreshes the routing snapshot from `client` if it is stale or `failed`.
-    pub fn refresh_routing(&self, client: &Client, failed: bool) {
-        if !self.clustered {
-            return;
-        }
-        let now = Instant::now();
-        {
-            let mut at = self
-                .routing_at
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let fresh = at.is_some_and(|at| now.saturating_duration_since(at) < ROUTING_REFRESH);
-            if fresh && !failed {
-                return;
-            }
-            *at = Some(now);
-        }
-        if let Some(routing) = client.cached_cluster_state() {
-            if !routing.slots().is_empty() {
-                self.routing.store(Some(Arc::new(routing)));
-            }
-        }
-    }
-
-    /// The node owning `slot` and its breaker (created closed on first use).
-    fn breaker_for(&self, slot: u16) -> (Arc<str>, Arc<Breaker>) {
-        let routing = self.routing.load();
-        let name = routing
-            .as_ref()
-            .and_then(|routing| routing.get_server(slot))
-            .map(|server| server.to_string());
+    /// The breaker of `node`.
+    fn breaker(&self, node: &Arc<str>) -> Arc<Breaker> {
         let mut breakers = self.lock();
-        let name: Arc<str> = match name {
-            Some(name) => match breakers.get_key_value(name.as_str()) {
-                Some((key, breaker)) => return (key.clone(), breaker.clone()),
-                None => Arc::from(name),
-            },
-            None => return (Arc::from(UNKNOWN_CLUSTER), self.single.clone()),
-        };
+        if let Some(breaker) = breakers.get(node) {
+            return breaker.clone();
+        }
         let breaker = Arc::new(Breaker::new(self.settings));
-        breakers.insert(name.clone(), breaker.clone());
+        breakers.insert(node.clone(), breaker.clone());
         self.metrics
             .breaker_state
-            .get_or_create(&NodeLabel { node: name.clone() })
+            .get_or_create(&NodeLabel { node: node.clone() })
             .set(0);
-        (name, breaker)
+        breaker
     }
 
     /// One log line and the metrics of a transition.
@@ -195,32 +117,50 @@ impl Health {
         }
     }
 
-    /// `/status` view: health and every breaker.
-    pub fn status(&self, connected: bool) -> StoreStatus {
+    /// `/status` view: health and the breaker of every node of `topology`. Breakers of
+    /// nodes that left it (after a failover) are dropped here, with their gauge.
+    pub fn status(&self, topology: &Topology, connected: bool) -> StoreStatus {
         let now = Instant::now();
-        let breakers = self.lock();
-        let mut nodes: Vec<(&Arc<str>, &Arc<Breaker>)> = breakers.iter().collect();
-        nodes.sort_by(|a, b| a.0.cmp(b.0));
-        let views: Vec<_> = nodes
+        let mut breakers = self.lock();
+        let current = |name: &Arc<str>| topology.nodes().iter().any(|node| node.name == *name);
+        breakers.retain(|name, _| {
+            let keep = current(name);
+            if !keep {
+                self.metrics
+                    .breaker_state
+                    .remove(&NodeLabel { node: name.clone() });
+            }
+            keep
+        });
+        let mut views: Vec<(Arc<str>, BreakerView)> = topology
+            .nodes()
             .iter()
-            .map(|(name, breaker)| (name, breaker.view(now)))
+            .map(|node| {
+                let view = breakers.get(&node.name).map_or(
+                    BreakerView {
+                        state: BreakerState::Closed,
+                        failures: 0,
+                        retry_in: None,
+                    },
+                    |breaker| breaker.view(now),
+                );
+                (node.name.clone(), view)
+            })
             .collect();
-        // Breakers of nodes the slot map no longer names (after a failover) keep their
-        // last state; only the known ones count towards health.
-        let tracked = |name: &str| !self.clustered || name != UNKNOWN_CLUSTER || views.len() == 1;
-        let relevant: Vec<_> = views.iter().filter(|(name, _)| tracked(name)).collect();
-        let open = relevant
+        drop(breakers);
+        views.sort_by(|a, b| a.0.cmp(&b.0));
+        let open = views
             .iter()
             .filter(|(_, view)| view.state != BreakerState::Closed)
             .count();
-        let health = if !connected || (open > 0 && open == relevant.len()) {
+        let health = if !connected || (open > 0 && open == views.len()) {
             "down"
         } else if open > 0 {
             "degraded"
         } else {
             "ok"
         };
-        let worst = relevant
+        let worst = views
             .iter()
             .map(|(_, view)| view.state)
             .max_by_key(|state| *state as u8)

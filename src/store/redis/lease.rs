@@ -9,8 +9,9 @@ use std::sync::LazyLock;
 use fred::prelude::{ClientLike, LuaInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::batcher::Shared;
+use super::batcher::{unrouted, Shared};
 use super::client::{classify, is_noscript};
+use super::nodes::Node;
 use super::script::limit_key;
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{LeaseGrant, LeaseRequest, StoreError};
@@ -80,43 +81,61 @@ pub async fn run(
     now: Option<Micros>,
 ) -> Result<LeaseGrant, StoreError> {
     let (key, args) = call(request, now)?;
-    // Sent as the batcher sends its calls: a custom EVALSHA routed by the key's slot.
     let slot = fred::util::redis_keyslot(key.as_bytes());
-    let run = || async {
-        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
-        let mut values: Vec<Value> = Vec::with_capacity(3 + args.len());
-        values.push(SHA.as_str().into());
-        values.push(Value::Integer(1));
-        values.push(key.as_str().into());
-        values.extend(args.iter().map(|arg| Value::from(arg.as_str())));
-        tokio::time::timeout(
-            shared.timeout,
-            shared.client.custom::<Value, _>(command, values),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(shared.timeout))
-    };
-    let reply = match run().await? {
-        Err(error) if is_noscript(&error) => {
-            let loaded = if shared.clustered {
-                shared.client.script_load_cluster::<(), _>(SCRIPT).await
-            } else {
-                shared
-                    .client
-                    .script_load::<String, _>(SCRIPT)
-                    .await
-                    .map(|_| ())
-            };
-            loaded.map_err(|error| classify(&error, shared.timeout))?;
-            run().await?
-        }
-        other => other,
+    let node = shared
+        .nodes
+        .topology()
+        .route(slot)
+        .cloned()
+        .ok_or_else(|| unrouted(slot))?;
+    let result = on_node(shared, &node, &key, &args).await;
+    shared
+        .health
+        .record(&node.name, result.as_ref().map(|_| ()));
+    if result.is_err() {
+        shared.nodes.suspect();
     }
-    .map_err(|error| classify(&error, shared.timeout))?;
+    let reply = result?;
     let numbers: Vec<i64> = reply
         .convert()
         .map_err(|e| StoreError::Protocol(format!("lease reply: {}", e.details())))?;
     decode(&numbers)
+}
+
+/// The lease call on `node`; a NOSCRIPT answer loads the script there and runs the call
+/// again.
+async fn on_node(
+    shared: &Shared,
+    node: &Node,
+    key: &str,
+    args: &[String],
+) -> Result<Value, StoreError> {
+    // Sent as the batcher sends its calls: a custom EVALSHA.
+    let run = || async {
+        let command = CustomCommand::new_static("EVALSHA", ClusterHash::FirstKey, false);
+        let mut values: Vec<Value> = Vec::with_capacity(3 + args.len());
+        values.push(SHA.as_str().into());
+        values.push(Value::Integer(1));
+        values.push(key.into());
+        values.extend(args.iter().map(|arg| Value::from(arg.as_str())));
+        tokio::time::timeout(
+            shared.timeout,
+            node.client.custom::<Value, _>(command, values),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(shared.timeout))
+    };
+    match run().await? {
+        Err(error) if is_noscript(&error) => {
+            node.client
+                .script_load::<String, _>(SCRIPT)
+                .await
+                .map_err(|error| classify(&error, shared.timeout))?;
+            run().await?
+        }
+        other => other,
+    }
+    .map_err(|error| classify(&error, shared.timeout))
 }
 
 /// Turns the script's reply into a grant.

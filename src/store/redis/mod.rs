@@ -14,13 +14,14 @@ pub mod batcher;
 pub mod client;
 pub mod health;
 pub mod lease;
+pub mod nodes;
 pub mod script;
 pub mod tls;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use fred::prelude::{Client, ClientLike};
+use fred::prelude::Client;
 use tokio::sync::{mpsc, oneshot};
 
 pub use client::{mask_url, RedisMode, RedisOptions};
@@ -28,9 +29,12 @@ pub use tls::{RedisTls, RedisTlsError};
 
 use crate::algorithm::{Decision, Micros};
 use crate::store::breaker::BreakerSettings;
-use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus};
+use crate::store::{
+    CounterKey, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
+};
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
+use nodes::Nodes;
 
 /// Counters in Redis (see the module documentation).
 pub struct RedisStore {
@@ -47,13 +51,10 @@ impl RedisStore {
     /// called inside a tokio runtime). Never waits for Redis: until it is reachable,
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
-        let client = client::connect(options)?;
-        health::log_connection_errors(&client, options.timeout, metrics.clone());
-        let clustered = options.mode == RedisMode::Cluster;
+        let nodes = Nodes::connect(options, metrics.clone())?;
         let shared = Arc::new(Shared {
-            client,
-            clustered,
-            health: health::Health::new(clustered, BreakerSettings::default(), metrics.clone()),
+            nodes,
+            health: health::Health::new(BreakerSettings::default(), metrics.clone()),
             timeout: options.timeout,
             window: options.batch_window,
             max: options.batch_max.max(1),
@@ -68,14 +69,20 @@ impl RedisStore {
         })
     }
 
-    /// The fred client (tests read keys and `MEMORY USAGE` through it).
-    pub fn client(&self) -> &Client {
-        &self.shared.client
+    /// The client of the node that holds `key`'s counters, if that node is known (tests
+    /// read keys and `MEMORY USAGE` through it).
+    pub fn client_for(&self, key: CounterKey) -> Option<Client> {
+        let slot = fred::util::redis_keyslot(script::limit_key(key, 0).as_bytes());
+        self.shared
+            .nodes
+            .topology()
+            .route(slot)
+            .map(|node| node.client.clone())
     }
 
-    /// Whether the connection to Redis is up now (for `/status`).
+    /// Whether every node is known and connected now (for `/status`).
     pub fn is_connected(&self) -> bool {
-        self.shared.client.is_connected()
+        self.shared.nodes.is_connected()
     }
 
     /// Decides `checks` in one script call at an injected time `now` instead of Redis
@@ -88,6 +95,7 @@ impl RedisStore {
         now: Micros,
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
+        self.shared.nodes.wait_known(self.shared.timeout).await;
         let call = script::Call::new(checks, commit, Some(now));
         let mut results = batcher::run_calls(&self.shared, std::slice::from_ref(&call)).await;
         let result = results
@@ -103,6 +111,7 @@ impl RedisStore {
         request: &LeaseRequest,
         now: Micros,
     ) -> Result<LeaseGrant, StoreError> {
+        self.shared.nodes.wait_known(self.shared.timeout).await;
         lease::run(&self.shared, request, Some(now)).await
     }
 
@@ -116,13 +125,8 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let op = if commit { "check" } else { "peek" };
         let started = Instant::now();
-        let result = match self.shared.health.allow(checks.iter().map(|check| {
-            if self.shared.clustered {
-                batcher::slot_of(check)
-            } else {
-                0
-            }
-        })) {
+        self.shared.nodes.wait_known(self.shared.timeout).await;
+        let result = match self.allow(checks.iter().map(batcher::slot_of)) {
             Ok(()) => self.round_trip(checks, commit).await,
             Err(error) => Err(error),
         };
@@ -140,6 +144,28 @@ impl RedisStore {
         }
     }
 
+    /// Whether calls on `slots` may go to Redis now: each has a node and that node's
+    /// breaker lets calls through.
+    fn allow(&self, slots: impl Iterator<Item = u16>) -> Result<(), StoreError> {
+        let topology = self.shared.nodes.topology();
+        let mut names = Vec::new();
+        for slot in slots {
+            match topology.route(slot) {
+                Some(node) => names.push(&node.name),
+                None => {
+                    self.shared.nodes.suspect();
+                    return Err(batcher::unrouted(slot));
+                }
+            }
+        }
+        let allowed = self.shared.health.allow(names.into_iter());
+        if allowed.is_err() {
+            // An open breaker may be a primary that has been replaced: look again.
+            self.shared.nodes.suspect();
+        }
+        allowed
+    }
+
     async fn round_trip(
         &self,
         checks: Vec<StoreCheck>,
@@ -151,7 +177,7 @@ impl RedisStore {
         let job = Job {
             checks,
             commit,
-            reply,
+            reply: Some(reply),
             deadline: Instant::now() + wait,
         };
         self.jobs.try_send(job).map_err(|error| match error {
@@ -196,20 +222,9 @@ impl Store for RedisStore {
 
     async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let started = Instant::now();
-        let slot = if self.shared.clustered {
-            batcher::slot_of(&request.check)
-        } else {
-            0
-        };
-        let result = match self.shared.health.allow(std::iter::once(slot)) {
-            Ok(()) => {
-                let result = lease::run(&self.shared, request, None).await;
-                self.shared.health.record(slot, result.as_ref().map(|_| ()));
-                self.shared
-                    .health
-                    .refresh_routing(&self.shared.client, result.is_err());
-                result
-            }
+        self.shared.nodes.wait_known(self.shared.timeout).await;
+        let result = match self.allow(std::iter::once(batcher::slot_of(&request.check))) {
+            Ok(()) => lease::run(&self.shared, request, None).await,
             Err(error) => Err(error),
         };
         let metrics = &self.shared.metrics;
@@ -221,7 +236,10 @@ impl Store for RedisStore {
     }
 
     fn status(&self) -> StoreStatus {
-        self.shared.health.status(self.shared.client.is_connected())
+        let topology = self.shared.nodes.topology();
+        self.shared
+            .health
+            .status(&topology, self.shared.nodes.is_connected())
     }
 
     fn kind(&self) -> &'static str {

@@ -58,6 +58,13 @@ pub struct Call {
 }
 
 impl Call {
+    /// Hash slot of the call's keys (all of one call share it).
+    pub fn slot(&self) -> u16 {
+        self.keys
+            .first()
+            .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()))
+    }
+
     /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
     pub fn new<'a>(
         checks: impl IntoIterator<Item = &'a StoreCheck>,

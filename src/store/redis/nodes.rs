@@ -1,0 +1,334 @@
+//! Where each call goes: the fred client of the node that owns its hash slot.
+//!
+//! A standalone server or a Sentinel-managed primary is one node with one client. A Redis
+//! Cluster gets one client per primary, and Sluice routes by slot itself, from its own
+//! copy of `CLUSTER SLOTS`. fred's clustered client cannot do this part: whenever one
+//! connection breaks it rebuilds its connection to every primary of its slot map and
+//! fails as a whole while any of them is unreachable, so one dead primary stopped every
+//! shard until its replica was promoted. Here a dead primary fails only its own slots.
+//!
+//! The slot map is refreshed every [`REFRESH_EVERY`], and soon after a call fails or is
+//! redirected ([`Nodes::suspect`]), but at most once per [`REFRESH_GAP`]. It is asked
+//! of the known primaries first, then of the seed nodes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+use fred::prelude::{Client, ClientLike, Config, Server};
+use fred::types::cluster::ClusterRouting;
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::sync::{watch, Notify};
+
+use super::client::{self, RedisMode, RedisOptions};
+use super::health::log_connection_errors;
+use crate::store::StoreError;
+use crate::telemetry::Metrics;
+
+/// Longest age of a cluster's slot map when nothing fails.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// Shortest time between two refreshes of the slot map.
+pub const REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// Deadline of one `CLUSTER SLOTS` question, connection included.
+const ASK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
+
+/// Marks a slot no primary serves in [`Topology::owners`].
+const UNOWNED: u16 = u16::MAX;
+
+/// One node and its client.
+pub struct Node {
+    /// `host:port` (`redis` for a standalone server or a Sentinel primary): breakers,
+    /// logs and `/status` name the node by it.
+    pub name: Arc<str>,
+    /// Its own client (its connections are its own: a dead node does not stall others).
+    pub client: Client,
+}
+
+/// Which node serves each slot, at one moment.
+pub struct Topology {
+    /// The nodes.
+    nodes: Vec<Arc<Node>>,
+    /// Per slot, the index of its node in `nodes`; empty when one node serves all.
+    owners: Box<[u16]>,
+}
+
+impl Topology {
+    /// The node serving `slot`, if any is known.
+    pub fn route(&self, slot: u16) -> Option<&Arc<Node>> {
+        if self.owners.is_empty() {
+            return self.nodes.first();
+        }
+        let owner = *self.owners.get(usize::from(slot))?;
+        self.nodes.get(usize::from(owner))
+    }
+
+    /// Every node.
+    pub fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+
+    /// The node named `name`, if it serves any slot.
+    fn node(&self, name: &str) -> Option<&Arc<Node>> {
+        self.nodes.iter().find(|node| &*node.name == name)
+    }
+}
+
+/// The nodes of one Redis store, kept current (see the module documentation).
+pub struct Nodes {
+    /// The current topology.
+    topology: ArcSwap<Topology>,
+    /// Wakes the refresher early (cluster only).
+    wake: Option<Arc<Notify>>,
+    /// Whether a slot map has been read (always, for a single node).
+    known: watch::Sender<bool>,
+}
+
+impl Nodes {
+    /// Starts the clients (in the background) and, for a cluster, the refresher; must be
+    /// called inside a tokio runtime. Never waits for Redis: until a cluster's slot map
+    /// is known, no slot has a node.
+    pub fn connect(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Arc<Self>, StoreError> {
+        let config = client::config(options)?;
+        let factory = NodeFactory {
+            config,
+            options: options.clone(),
+            metrics,
+        };
+        if options.mode != RedisMode::Cluster {
+            let node = factory.node(Arc::from("redis"), None)?;
+            return Ok(Arc::new(Self {
+                topology: ArcSwap::from_pointee(Topology {
+                    nodes: vec![node],
+                    owners: Box::default(),
+                }),
+                wake: None,
+                known: watch::Sender::new(true),
+            }));
+        }
+        let wake = Arc::new(Notify::new());
+        let nodes = Arc::new(Self {
+            topology: ArcSwap::from_pointee(Topology {
+                nodes: Vec::new(),
+                owners: vec![UNOWNED; SLOTS].into_boxed_slice(),
+            }),
+            wake: Some(wake.clone()),
+            known: watch::Sender::new(false),
+        });
+        tokio::spawn(refresh(Arc::downgrade(&nodes), factory, wake));
+        Ok(nodes)
+    }
+
+    /// The current topology.
+    pub fn topology(&self) -> Guard<Arc<Topology>> {
+        self.topology.load()
+    }
+
+    /// The current topology, to hold across awaits.
+    pub fn topology_now(&self) -> Arc<Topology> {
+        self.topology.load_full()
+    }
+
+    /// Waits, at most `limit`, until a cluster's first slot map is read (calls made at
+    /// startup wait for it as they would for a connection, instead of failing at once).
+    pub async fn wait_known(&self, limit: Duration) {
+        if *self.known.borrow() {
+            return;
+        }
+        let mut known = self.known.subscribe();
+        let _ = tokio::time::timeout(limit, known.wait_for(|known| *known)).await;
+    }
+
+    /// Whether slots live on different nodes.
+    pub fn clustered(&self) -> bool {
+        self.wake.is_some()
+    }
+
+    /// A call failed or was redirected: the slot map may be stale, refresh it soon.
+    pub fn suspect(&self) {
+        if let Some(wake) = &self.wake {
+            wake.notify_one();
+        }
+    }
+
+    /// Whether every node is known and connected (for `/status`).
+    pub fn is_connected(&self) -> bool {
+        let topology = self.topology();
+        !topology.nodes.is_empty()
+            && !topology.owners.contains(&UNOWNED)
+            && topology.nodes.iter().all(|node| node.client.is_connected())
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        let nodes = self.topology.load().nodes.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                for node in nodes {
+                    let _ = node.client.quit().await;
+                }
+            });
+        }
+    }
+}
+
+/// Builds the client of a node.
+struct NodeFactory {
+    /// The parsed URL: credentials, TLS, database, and for a cluster the seeds.
+    config: Config,
+    /// Timeouts and the rest.
+    options: RedisOptions,
+    /// Where connection errors are counted.
+    metrics: Arc<Metrics>,
+}
+
+impl NodeFactory {
+    /// A node named `name`: at `server` (a cluster primary) or where the URL points.
+    fn node(&self, name: Arc<str>, server: Option<Server>) -> Result<Arc<Node>, StoreError> {
+        let config = match server {
+            Some(server) => client::node_config(&self.config, server),
+            None => self.config.clone(),
+        };
+        let client = client::connect(config, &self.options)?;
+        log_connection_errors(&client, self.options.timeout, self.metrics.clone());
+        Ok(Arc::new(Node { name, client }))
+    }
+}
+
+/// Keeps a cluster's topology current until the store is dropped.
+async fn refresh(nodes: Weak<Nodes>, factory: NodeFactory, wake: Arc<Notify>) {
+    let seeds = client::seeds(&factory.config);
+    loop {
+        let Some(strong) = nodes.upgrade() else {
+            return;
+        };
+        let refreshed = refresh_once(&strong, &factory, &seeds).await;
+        drop(strong);
+        tokio::time::sleep(REFRESH_GAP).await;
+        let wait = if refreshed {
+            REFRESH_EVERY
+        } else {
+            REFRESH_GAP
+        };
+        let _ = tokio::time::timeout(wait, wake.notified()).await;
+    }
+}
+
+/// Asks the known primaries, then the seeds, for the slot map, and installs the first
+/// answer. Returns whether one came.
+async fn refresh_once(nodes: &Nodes, factory: &NodeFactory, seeds: &[Server]) -> bool {
+    let current = nodes.topology.load_full();
+    for node in current.nodes() {
+        if let Some(routing) = ask(&node.client, &node.name).await {
+            install(nodes, &current, &routing, factory);
+            return true;
+        }
+    }
+    for seed in seeds {
+        let config = client::node_config(&factory.config, seed.clone());
+        let Ok(client) = client::connect(config, &factory.options) else {
+            continue;
+        };
+        let connected = tokio::time::timeout(ASK_TIMEOUT, client.wait_for_connect()).await;
+        let routing = match connected {
+            Ok(Ok(())) => ask(&client, &seed.host).await,
+            _ => None,
+        };
+        let _ = client.quit().await;
+        if let Some(routing) = routing {
+            install(nodes, &current, &routing, factory);
+            return true;
+        }
+    }
+    false
+}
+
+/// `CLUSTER SLOTS` through `client`; `host` stands for the node in entries that leave
+/// it out.
+async fn ask(client: &Client, host: &str) -> Option<ClusterRouting> {
+    let command = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
+    let reply = tokio::time::timeout(
+        ASK_TIMEOUT,
+        client.custom::<Value, _>(command, vec!["SLOTS"]),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let host = host.rsplit_once(':').map_or(host, |(host, _)| host);
+    let routing = ClusterRouting::from_cluster_slots(reply, host).ok()?;
+    (!routing.slots().is_empty()).then_some(routing)
+}
+
+/// Makes `routing` the topology: nodes that stay keep their client, new primaries get
+/// one, and the clients of nodes that no longer serve a slot are closed a little later
+/// (a batch may still hold the old topology).
+fn install(nodes: &Nodes, current: &Topology, routing: &ClusterRouting, factory: &NodeFactory) {
+    let mut next: Vec<Arc<Node>> = Vec::new();
+    let mut index: HashMap<Server, u16> = HashMap::new();
+    let mut owners = vec![UNOWNED; SLOTS].into_boxed_slice();
+    for range in routing.slots() {
+        let owner = match index.get(&range.primary) {
+            Some(&owner) => owner,
+            None => {
+                let name: Arc<str> = Arc::from(range.primary.to_string());
+                let node = match current.node(&name) {
+                    Some(node) => node.clone(),
+                    None => match factory.node(name, Some(range.primary.clone())) {
+                        Ok(node) => node,
+                        Err(error) => {
+                            tracing::warn!(node = %range.primary, %error, "redis cluster node skipped");
+                            continue;
+                        }
+                    },
+                };
+                let owner = u16::try_from(next.len()).unwrap_or(UNOWNED);
+                next.push(node);
+                index.insert(range.primary.clone(), owner);
+                owner
+            }
+        };
+        let end = usize::from(range.end).min(SLOTS - 1);
+        for slot in usize::from(range.start)..=end {
+            owners[slot] = owner;
+        }
+    }
+    let same = next.len() == current.nodes.len()
+        && next
+            .iter()
+            .zip(&current.nodes)
+            .all(|(a, b)| Arc::ptr_eq(a, b))
+        && owners == current.owners;
+    if same {
+        return;
+    }
+    let gone: Vec<Arc<Node>> = current
+        .nodes
+        .iter()
+        .filter(|node| !next.iter().any(|kept| Arc::ptr_eq(kept, node)))
+        .cloned()
+        .collect();
+    tracing::info!(
+        primaries = next.len(),
+        removed = gone.len(),
+        "redis cluster slot map changed"
+    );
+    nodes.topology.store(Arc::new(Topology {
+        nodes: next,
+        owners,
+    }));
+    nodes.known.send_replace(true);
+    if !gone.is_empty() {
+        tokio::spawn(async move {
+            tokio::time::sleep(REFRESH_EVERY).await;
+            for node in gone {
+                let _ = node.client.quit().await;
+            }
+        });
+    }
+}

@@ -72,6 +72,9 @@ pub struct Shared {
 pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     while let Some(first) = jobs.recv().await {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
         let mut size = first.checks.len();
         let mut batch = vec![first];
         let deadline = Instant::now() + shared.window;
@@ -87,9 +90,6 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
                 Err(_) => break,
             }
         }
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
         let shared = shared.clone();
         tokio::spawn(async move {
             run_batch(&shared, batch).await;
@@ -268,14 +268,9 @@ enum Failure {
 async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decision>, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
-    let mut args: Vec<Value> = Vec::with_capacity(2 + call.keys.len() + call.args.len());
-    args.push(script::SHA.as_str().into());
-    args.push(Value::Integer(call.keys.len() as i64));
-    args.extend(call.keys.iter().map(|key| Value::from(key.as_str())));
-    args.extend(call.args.iter().map(|arg| Value::from(arg.as_str())));
     let reply = tokio::time::timeout(
         shared.timeout,
-        node.client.custom::<Value, _>(command, args),
+        node.client.custom::<Value, _>(command, call.args.clone()),
     )
     .await;
     match reply {

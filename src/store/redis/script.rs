@@ -9,6 +9,9 @@
 
 use std::sync::LazyLock;
 
+use bytes::Bytes;
+use fred::types::Value;
+
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{CounterKey, StoreCheck, StoreError};
 
@@ -46,23 +49,30 @@ fn algorithm_code(kind: AlgorithmKind) -> u8 {
     }
 }
 
-/// KEYS and ARGV of one script call.
+/// One script call: `EVALSHA`'s whole argument list, built once as fred values (numbers
+/// as integers, which fred writes as bulk strings without formatting them into strings).
 #[derive(Debug, Default)]
 pub struct Call {
-    /// Limit keys in order.
-    pub keys: Vec<String>,
-    /// Arguments.
-    pub args: Vec<String>,
+    /// The SHA, the number of keys, the limit keys in order, then ARGV.
+    pub args: Vec<Value>,
+    /// Hash slot of the keys (all of one call share it).
+    slot: u16,
     /// Limits decided by this call (the reply has five integers per limit).
     pub limits: usize,
 }
 
+/// The SHA as a value, shared by every call.
+static SHA_VALUE: LazyLock<Value> = LazyLock::new(|| Value::from(SHA.as_str()));
+
+/// A number as a script argument.
+fn number(x: u64) -> Value {
+    i64::try_from(x).map_or_else(|_| Value::from(x.to_string()), Value::Integer)
+}
+
 impl Call {
-    /// Hash slot of the call's keys (all of one call share it).
+    /// Hash slot of the call's keys.
     pub fn slot(&self) -> u16 {
-        self.keys
-            .first()
-            .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()))
+        self.slot
     }
 
     /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
@@ -71,35 +81,43 @@ impl Call {
         commit: bool,
         now: Option<Micros>,
     ) -> Self {
-        let mut call = Self::default();
-        call.args
-            .push(now.map(|now| now.to_string()).unwrap_or_default());
-        call.args.push(if commit { "1" } else { "0" }.to_owned());
-        call.args.push(String::new()); // number of checks, set below
-        let mut count = 0usize;
+        let flag = |on: bool| Value::Integer(i64::from(on));
+        let mut keys: Vec<Value> = Vec::new();
+        let mut argv: Vec<Value> = vec![
+            now.map_or_else(|| Value::from_static_str(""), number),
+            flag(commit),
+            Value::Integer(0), // number of checks, set below
+        ];
+        let mut slot = None;
+        let mut count = 0u64;
+        let mut limits = 0;
         for check in checks {
             count += 1;
-            call.args.push(check.cost.to_string());
-            call.args.push(check.limits.len().to_string());
+            argv.push(number(check.cost));
+            argv.push(number(check.limits.len() as u64));
             for (index, limit) in check.limits.iter().enumerate() {
-                call.keys.push(limit_key(check.key, index));
-                call.args.push(algorithm_code(limit.algorithm).to_string());
-                call.args.push(limit.quota.limit.to_string());
-                call.args.push(limit.quota.period.to_string());
-                call.args.push(limit.quota.burst.to_string());
-                call.args.push(
-                    if limit.quota.stop_increment_when_over_limit {
-                        "1"
-                    } else {
-                        "0"
-                    }
-                    .to_owned(),
-                );
-                call.limits += 1;
+                let key = limit_key(check.key, index);
+                slot.get_or_insert_with(|| fred::util::redis_keyslot(key.as_bytes()));
+                keys.push(Value::Bytes(Bytes::from(key)));
+                argv.push(Value::Integer(i64::from(algorithm_code(limit.algorithm))));
+                argv.push(number(limit.quota.limit));
+                argv.push(number(limit.quota.period));
+                argv.push(number(limit.quota.burst));
+                argv.push(flag(limit.quota.stop_increment_when_over_limit));
+                limits += 1;
             }
         }
-        call.args[2] = count.to_string();
-        call
+        argv[2] = number(count);
+        let mut args = Vec::with_capacity(2 + keys.len() + argv.len());
+        args.push(SHA_VALUE.clone());
+        args.push(number(keys.len() as u64));
+        args.append(&mut keys);
+        args.append(&mut argv);
+        Self {
+            args,
+            slot: slot.unwrap_or(0),
+            limits,
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! Requests put a job on a bounded queue (full: the call fails at once with
 //! [`StoreError::Unavailable`], and the rule's failure mode answers). One collector task
-//! takes the first job, then keeps taking jobs for at most `batch_window` or until
-//! `batch_max` checks, groups the checks by hash slot (a standalone or Sentinel server
+//! takes the first job, then, while other calls are queued or batches in flight, keeps taking jobs for
+//! at most `batch_window` or until `batch_max` checks (a lone call with none in flight
+//! goes at once: an idle Redis is never kept waiting), groups the checks by hash slot (a standalone or Sentinel server
 //! is one group), and makes one script call per group, which decides that group's
 //! checks in arrival order (checks on the same key coalesce into that call). All calls
 //! of a batch go out at once (fred pipelines them on each node's connection), each with
@@ -77,7 +78,13 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
         };
         let mut size = first.checks.len();
         let mut batch = vec![first];
-        let deadline = Instant::now() + shared.window;
+        // A lone call with no batch in flight finds Redis idle: waiting would only add
+        // latency (one caller would pay the whole window on every call), so it goes at
+        // once. When other calls are queued or batches are in flight, more are coming,
+        // and the window gathers them.
+        let busy = !jobs.is_empty() || in_flight.available_permits() + 1 < MAX_IN_FLIGHT;
+        let window = if busy { shared.window } else { Duration::ZERO };
+        let deadline = Instant::now() + window;
         while size < shared.max {
             match jobs.try_recv() {
                 Ok(job) => {

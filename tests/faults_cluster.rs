@@ -1,7 +1,8 @@
 //! Redis Cluster faults (DESIGN §7, issue 5 point 5), with a real 3-primary, 3-replica
 //! cluster on loopback (`cluster-node-timeout 2000`, `cluster-require-full-coverage no`):
 //! a primary killed with `kill -9` and replaced by its replica, a manual
-//! `CLUSTER FAILOVER`, and a `SCRIPT FLUSH` on every node.
+//! `CLUSTER FAILOVER`, a `SCRIPT FLUSH` on every node, and a slot moved to another
+//! primary (resharding).
 //!
 //! Each test keeps two loads running, one on a descriptor whose slot lives on the shard
 //! under fault (`affected`) and one on a slot of another shard (`healthy`), both on the
@@ -12,9 +13,10 @@
 //! is exact again, without a Sluice restart, within a few seconds; and its counter never
 //! exceeds the calls sent (nothing counted twice).
 //!
-//! A call redirected by MOVED/ASK is not re-sent: it takes the failure mode while Sluice
-//! refreshes its slot map. These tests show recovery, not zero failures on the affected
-//! slot; the other slots never fail (each primary has its own client).
+//! A call answered `MOVED` did not run and is sent once more, to the node named; `ASK`
+//! (a slot being migrated) is not followed and takes the failure mode. The kill and
+//! failover tests show recovery, not zero failures on the affected slot; the other
+//! slots never fail (each primary has its own client).
 
 mod support;
 
@@ -388,4 +390,56 @@ async fn a_script_flush_on_every_node_is_invisible() {
     assert!(affected.iter().all(|a| a.outcome == Outcome::Ok));
     assert_eq!(charged, affected.len() as u64, "affected slot counter");
     assert_exact(&server, place.few).await;
+}
+
+/// Resharding: the affected slot is moved to another primary while both loads run.
+/// Once every node agrees on the new owner, a call that still reaches the old one is
+/// answered `MOVED`, did not run, and is sent once more to the new owner at once: no
+/// call started after the move is refused, and nothing is counted twice. (During the
+/// move itself, a key already migrated is answered `ASK`, which is not followed: those
+/// calls take the failure mode.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_followed_at_once() {
+    let _serial = serial().await;
+    let cluster = RedisCluster::start_with_replicas();
+    let place = Placement::pick(&cluster);
+    let target = cluster.primary_of(slot("closed", place.healthy));
+    let server = sluice(&cluster).await;
+    let loads = start_loads(&server, &cluster, &place).await;
+
+    let id = |node: usize| {
+        let line = cluster.nodes[node].myself().expect("CLUSTER NODES");
+        line.split_whitespace().next().expect("node id").to_owned()
+    };
+    let (from, to) = (id(place.primary), id(target));
+    let moving = slot("closed", place.affected).to_string();
+    let source = &cluster.nodes[place.primary];
+    let destination = &cluster.nodes[target];
+    destination.cli(&["cluster", "setslot", &moving, "importing", &from]);
+    source.cli(&["cluster", "setslot", &moving, "migrating", &to]);
+    let port = destination.port.to_string();
+    for key in source
+        .cli(&["cluster", "getkeysinslot", &moving, "1000"])
+        .lines()
+        .filter(|key| !key.is_empty())
+    {
+        let answer = source.cli(&["migrate", "127.0.0.1", &port, key, "0", "5000"]);
+        assert_eq!(answer.trim(), "OK", "MIGRATE {key}");
+    }
+    for node in [target, place.primary] {
+        let answer = cluster.nodes[node].cli(&["cluster", "setslot", &moving, "node", &to]);
+        assert_eq!(answer.trim(), "OK", "SETSLOT NODE");
+    }
+    let moved_at = Instant::now();
+    assert_eq!(cluster.primary_of(slot("closed", place.affected)), target);
+
+    let (affected, charged) = finish(&cluster, loads, &place, moved_at, "slot moved").await;
+    let admitted = affected.iter().filter(|a| a.outcome == Outcome::Ok).count() as u64;
+    assert!(
+        admitted <= charged,
+        "admitted {admitted} > charged {charged}"
+    );
+    let after = affected.iter().filter(|a| a.started > moved_at).count();
+    assert!(after > 0, "no call ran after the move");
+    eprintln!("slot moved: {after} calls after the move, all OK");
 }

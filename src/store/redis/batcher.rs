@@ -20,12 +20,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::{ClientLike, LuaInterface};
+use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::client::{classify, is_noscript};
+use super::client::{classify, is_noscript, moved_to};
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
@@ -226,32 +227,63 @@ async fn run_call(
         shared.nodes.suspect();
         return Err(unrouted(call.slot()));
     };
-    let result = match one_call(shared, &node, call).await {
-        Err(Failure::NoScript) => {
-            let loaded = tokio::time::timeout(
-                shared.timeout,
-                node.client.script_load::<String, _>(script::SCRIPT),
-            )
-            .await;
-            match loaded {
-                Ok(Ok(_)) => one_call(shared, &node, call).await,
-                Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
-                Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+    // A call answered MOVED did not run: it is sent once more, to the node named.
+    let mut node = node;
+    let mut redirected = false;
+    let result = loop {
+        let attempt = match one_call(shared, &node, call).await {
+            Err(Failure::NoScript) => load_and_call(shared, &node, call).await,
+            other => other,
+        };
+        match attempt {
+            Err(Failure::Moved(server)) if !redirected => {
+                match shared.nodes.moved(call.slot(), server.clone()) {
+                    Some(target) => {
+                        node = target;
+                        redirected = true;
+                    }
+                    None => break Err(Failure::Moved(server)),
+                }
             }
+            other => break other,
         }
-        other => other,
     };
+    // A redirect says where the slot is, not that the node is unwell: no breaker count.
+    let redirected_again = matches!(result, Err(Failure::Moved(_)));
     let result = result.map_err(|failure| match failure {
         Failure::NoScript => StoreError::Unavailable("NOSCRIPT after SCRIPT LOAD".into()),
+        Failure::Moved(server) => {
+            StoreError::Unavailable(format!("redirected (MOVED) to {server}"))
+        }
         Failure::Store(error) => error,
     });
-    shared
-        .health
-        .record(&node.name, result.as_ref().map(|_| ()));
+    if !redirected_again {
+        shared
+            .health
+            .record(&node.name, result.as_ref().map(|_| ()));
+    }
     if result.is_err() {
         shared.nodes.suspect();
     }
     result
+}
+
+/// Loads the script on `node` (it answered NOSCRIPT) and runs the call again there.
+async fn load_and_call(
+    shared: &Shared,
+    node: &Node,
+    call: &Call,
+) -> Result<Vec<Decision>, Failure> {
+    let loaded = tokio::time::timeout(
+        shared.timeout,
+        node.client.script_load::<String, _>(script::SCRIPT),
+    )
+    .await;
+    match loaded {
+        Ok(Ok(_)) => one_call(shared, node, call).await,
+        Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
+        Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+    }
 }
 
 /// The error of a call whose slot no known node serves (a cluster's slot map not read
@@ -266,6 +298,8 @@ pub fn unrouted(slot: u16) -> StoreError {
 enum Failure {
     /// The node does not have the script.
     NoScript,
+    /// The slot lives on another node now (the call did not run).
+    Moved(Server),
     /// Anything else.
     Store(StoreError),
 }
@@ -275,10 +309,17 @@ enum Failure {
 async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decision>, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
-    let reply = tokio::time::timeout(
-        shared.timeout,
-        node.client.custom::<Value, _>(command, call.args.clone()),
-    )
+    let reply = tokio::time::timeout(shared.timeout, async {
+        // A node's client made a moment ago (a new primary, a redirect) is still
+        // connecting: a command written before that fails at once (one write attempt
+        // only), so wait for the connection, within the same deadline.
+        if !node.client.is_connected() {
+            let _ = node.client.wait_for_connect().await;
+        }
+        node.client
+            .custom::<Value, _>(command, call.args.clone())
+            .await
+    })
     .await;
     match reply {
         Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
@@ -292,6 +333,9 @@ async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decis
             script::decode(&numbers, call.limits).map_err(Failure::Store)
         }
         Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
-        Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
+        Ok(Err(error)) => match moved_to(&error) {
+            Some(server) => Err(Failure::Moved(server)),
+            None => Err(Failure::Store(classify(&error, shared.timeout))),
+        },
     }
 }

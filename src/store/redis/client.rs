@@ -281,6 +281,16 @@ pub fn is_noscript(error: &FredError) -> bool {
     error.details().starts_with("NOSCRIPT")
 }
 
+/// The node a `MOVED <slot> <host:port>` reply sends the call to (a call answered so
+/// did not run). `ASK` (a slot being migrated) is not followed: it needs `ASKING` on the
+/// same connection first.
+pub fn moved_to(error: &FredError) -> Option<Server> {
+    let mut words = error.details().strip_prefix("MOVED ")?.split_whitespace();
+    let _slot = words.next()?;
+    let (host, port) = words.next()?.rsplit_once(':')?;
+    Some(Server::new(host, port.parse().ok()?))
+}
+
 /// A URL (or comma-separated URLs) with credentials replaced by `*****`:
 /// `redis://foo:bar@redis:6379` → `redis://*****@redis:6379`.
 pub fn mask_url(url: &str) -> String {
@@ -312,6 +322,16 @@ mod tests {
         );
         assert_eq!(mask_url("secret@host:1"), "*****@host:1");
         assert_eq!(mask_url("redis://host:1/0"), "redis://host:1/0");
+    }
+
+    #[test]
+    fn follows_moved_not_ask() {
+        let moved = FredError::new(ErrorKind::Cluster, "MOVED 3999 127.0.0.1:6381");
+        assert_eq!(moved_to(&moved), Some(Server::new("127.0.0.1", 6381)));
+        let ask = FredError::new(ErrorKind::Cluster, "ASK 3999 127.0.0.1:6381");
+        assert_eq!(moved_to(&ask), None);
+        let other = FredError::new(ErrorKind::Unknown, "MOVED nonsense");
+        assert_eq!(moved_to(&other), None);
     }
 
     #[test]

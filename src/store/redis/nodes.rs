@@ -12,7 +12,8 @@
 //! of the known primaries first, then of the seed nodes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
@@ -30,7 +31,7 @@ use crate::telemetry::Metrics;
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 /// Shortest time between two refreshes of the slot map.
-pub const REFRESH_GAP: Duration = Duration::from_millis(100);
+pub const REFRESH_GAP: Duration = Duration::from_millis(25);
 
 /// Deadline of one `CLUSTER SLOTS` question, connection included.
 const ASK_TIMEOUT: Duration = Duration::from_millis(500);
@@ -87,6 +88,13 @@ pub struct Nodes {
     wake: Option<Arc<Notify>>,
     /// Whether a slot map has been read (always, for a single node).
     known: watch::Sender<bool>,
+    /// Makes the clients of new nodes.
+    factory: NodeFactory,
+    /// Held while a new topology is made from the current one, so that two changes
+    /// (a refresh and a `MOVED`) never overwrite each other.
+    writer: Mutex<()>,
+    /// Refreshes so far: which primary to ask first.
+    asked: AtomicUsize,
 }
 
 impl Nodes {
@@ -109,6 +117,9 @@ impl Nodes {
                 }),
                 wake: None,
                 known: watch::Sender::new(true),
+                factory,
+                writer: Mutex::new(()),
+                asked: AtomicUsize::new(0),
             }));
         }
         let wake = Arc::new(Notify::new());
@@ -119,8 +130,11 @@ impl Nodes {
             }),
             wake: Some(wake.clone()),
             known: watch::Sender::new(false),
+            factory,
+            writer: Mutex::new(()),
+            asked: AtomicUsize::new(0),
         });
-        tokio::spawn(refresh(Arc::downgrade(&nodes), factory, wake));
+        tokio::spawn(refresh(Arc::downgrade(&nodes), wake));
         Ok(nodes)
     }
 
@@ -147,6 +161,31 @@ impl Nodes {
     /// Whether slots live on different nodes.
     pub fn clustered(&self) -> bool {
         self.wake.is_some()
+    }
+
+    /// A call on `slot` was answered `MOVED` to `server`: the slot map says so at once
+    /// for that slot (with a client for `server` if it is new), so the call can be sent
+    /// there, and the whole map is read again soon. `None` for a single node, or when
+    /// no client can be made.
+    pub fn moved(&self, slot: u16, server: Server) -> Option<Arc<Node>> {
+        self.wake.as_ref()?;
+        self.suspect();
+        let _writer = lock(&self.writer);
+        let current = self.topology.load_full();
+        let name = server.to_string();
+        let mut nodes = current.nodes.clone();
+        let index = match nodes.iter().position(|node| *node.name == *name) {
+            Some(index) => index,
+            None => {
+                nodes.push(self.factory.node(Arc::from(name), Some(server)).ok()?);
+                nodes.len() - 1
+            }
+        };
+        let node = nodes[index].clone();
+        let mut owners = current.owners.clone();
+        *owners.get_mut(usize::from(slot))? = u16::try_from(index).ok()?;
+        self.topology.store(Arc::new(Topology { nodes, owners }));
+        Some(node)
     }
 
     /// A call failed or was redirected: the slot map may be stale, refresh it soon.
@@ -202,13 +241,18 @@ impl NodeFactory {
 }
 
 /// Keeps a cluster's topology current until the store is dropped.
-async fn refresh(nodes: Weak<Nodes>, factory: NodeFactory, wake: Arc<Notify>) {
-    let seeds = client::seeds(&factory.config);
+async fn refresh(nodes: Weak<Nodes>, wake: Arc<Notify>) {
+    let Some(seeds) = nodes
+        .upgrade()
+        .map(|nodes| client::seeds(&nodes.factory.config))
+    else {
+        return;
+    };
     loop {
         let Some(strong) = nodes.upgrade() else {
             return;
         };
-        let refreshed = refresh_once(&strong, &factory, &seeds).await;
+        let refreshed = refresh_once(&strong, &seeds).await;
         drop(strong);
         tokio::time::sleep(REFRESH_GAP).await;
         let wait = if refreshed {
@@ -222,11 +266,17 @@ async fn refresh(nodes: Weak<Nodes>, factory: NodeFactory, wake: Arc<Notify>) {
 
 /// Asks the known primaries, then the seeds, for the slot map, and installs the first
 /// answer. Returns whether one came.
-async fn refresh_once(nodes: &Nodes, factory: &NodeFactory, seeds: &[Server]) -> bool {
+async fn refresh_once(nodes: &Nodes, seeds: &[Server]) -> bool {
+    let factory = &nodes.factory;
     let current = nodes.topology.load_full();
-    for node in current.nodes() {
+    // Start with a different primary each time: one that lags behind a failover (or is
+    // paused by it) must not be the only one asked.
+    let start = nodes.asked.fetch_add(1, Ordering::Relaxed);
+    let count = current.nodes().len();
+    for offset in 0..count {
+        let node = &current.nodes()[(start + offset) % count];
         if let Some(routing) = ask(&node.client, &node.name).await {
-            install(nodes, &current, &routing, factory);
+            install(nodes, &routing);
             return true;
         }
     }
@@ -242,7 +292,7 @@ async fn refresh_once(nodes: &Nodes, factory: &NodeFactory, seeds: &[Server]) ->
         };
         let _ = client.quit().await;
         if let Some(routing) = routing {
-            install(nodes, &current, &routing, factory);
+            install(nodes, &routing);
             return true;
         }
     }
@@ -268,7 +318,10 @@ async fn ask(client: &Client, host: &str) -> Option<ClusterRouting> {
 /// Makes `routing` the topology: nodes that stay keep their client, new primaries get
 /// one, and the clients of nodes that no longer serve a slot are closed a little later
 /// (a batch may still hold the old topology).
-fn install(nodes: &Nodes, current: &Topology, routing: &ClusterRouting, factory: &NodeFactory) {
+fn install(nodes: &Nodes, routing: &ClusterRouting) {
+    let _writer = lock(&nodes.writer);
+    let current = nodes.topology.load_full();
+    let factory = &nodes.factory;
     let mut next: Vec<Arc<Node>> = Vec::new();
     let mut index: HashMap<Server, u16> = HashMap::new();
     let mut owners = vec![UNOWNED; SLOTS].into_boxed_slice();
@@ -331,4 +384,11 @@ fn install(nodes: &Nodes, current: &Topology, routing: &ClusterRouting, factory:
             }
         });
     }
+}
+
+/// Locks `mutex`, whose guarded data (none) cannot be left inconsistent by a panic.
+fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -93,7 +93,10 @@ pub fn connect(mut config: Config, options: &RedisOptions) -> Result<Client, Sto
             conn.max_command_buffer_len = COMMAND_BUFFER;
         })
         // Capped at 500 ms so a Redis that comes back is reconnected within half a second.
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
+        // It starts at 1 ms because fred waits the first delay before the first attempt
+        // too: with 50 ms, a client made for a new cluster primary could not carry a call
+        // for its first 50 ms, and every call in that time timed out.
+        .set_policy(ReconnectPolicy::new_exponential(0, 1, 500, 2))
         .build()
         .map_err(|e| StoreError::Protocol(format!("redis configuration: {}", e.details())))?;
     // Spawns the connection task; it retries in the background per the policy.

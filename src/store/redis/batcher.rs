@@ -157,7 +157,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         .enumerate()
         .map(|(group, call)| {
             let node = topology.route(call.slot()).cloned();
-            async move { (group, run_call(shared, node, call).await) }
+            async move { (group, run_decisions(shared, node, call).await) }
         })
         .collect();
     drop(topology);
@@ -203,26 +203,41 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     }
 }
 
-/// Runs `calls` at once, each on the node of its slot (see [`run_call`]).
+/// Runs `calls` of the main script at once, each on the node of its slot (see
+/// [`run_call`]).
 pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decision>, StoreError>> {
     let topology = shared.nodes.topology_now();
     futures::future::join_all(
         calls
             .iter()
-            .map(|call| run_call(shared, topology.route(call.slot()).cloned(), call)),
+            .map(|call| run_decisions(shared, topology.route(call.slot()).cloned(), call)),
     )
     .await
 }
 
-/// One script call on `node` (none: no node serves its slot). A NOSCRIPT answer loads the
-/// script on that node and runs the call again (it did not run, so nothing is charged
-/// twice); each step has its own deadline. Feeds the node's breaker, and asks for a
-/// fresh slot map when the call fails.
-async fn run_call(
+/// [`run_call`] of the main script: one decision per limit.
+async fn run_decisions(
     shared: &Shared,
     node: Option<Arc<Node>>,
     call: &Call,
 ) -> Result<Vec<Decision>, StoreError> {
+    run_call(shared, node, call, |reply| {
+        script::decode(reply, call.limits)
+    })
+    .await
+}
+
+/// One script call on `node` (none: no node serves its slot), its reply (integers)
+/// turned into a `T` by `decode`. A NOSCRIPT answer loads the script on that node and
+/// runs the call again, and a MOVED answer sends it once more to the node named (in both
+/// cases it did not run, so nothing is charged twice); each step has its own deadline.
+/// Feeds the node's breaker, and asks for a fresh slot map when the call fails.
+pub async fn run_call<T>(
+    shared: &Shared,
+    node: Option<Arc<Node>>,
+    call: &Call,
+    decode: impl Fn(&[i64]) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let Some(node) = node else {
         shared.nodes.suspect();
         return Err(unrouted(call.slot()));
@@ -245,7 +260,7 @@ async fn run_call(
                     None => break Err(Failure::Moved(server)),
                 }
             }
-            other => break other,
+            other => break other.and_then(|reply| decode(&reply).map_err(Failure::Store)),
         }
     };
     // A redirect says where the slot is, not that the node is unwell: no breaker count.
@@ -269,14 +284,10 @@ async fn run_call(
 }
 
 /// Loads the script on `node` (it answered NOSCRIPT) and runs the call again there.
-async fn load_and_call(
-    shared: &Shared,
-    node: &Node,
-    call: &Call,
-) -> Result<Vec<Decision>, Failure> {
+async fn load_and_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>, Failure> {
     let loaded = tokio::time::timeout(
         shared.timeout,
-        node.client.script_load::<String, _>(script::SCRIPT),
+        node.client.script_load::<String, _>(call.script),
     )
     .await;
     match loaded {
@@ -306,13 +317,12 @@ enum Failure {
 
 /// One script call on `node`, with its own deadline: in a cluster, a call to a dead or
 /// moved shard fails alone, never the calls of other shards in the same batch.
-async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decision>, Failure> {
+async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
     let reply = tokio::time::timeout(shared.timeout, async {
-        // A node's client made a moment ago (a new primary, a redirect) is still
-        // connecting: a command written before that fails at once (one write attempt
-        // only), so wait for the connection, within the same deadline.
+        // A node's client made a moment ago (a new primary, a redirect) may still be
+        // connecting: wait for the connection, within the same deadline.
         if !node.client.is_connected() {
             let _ = node.client.wait_for_connect().await;
         }
@@ -323,15 +333,12 @@ async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<Decis
     .await;
     match reply {
         Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
-        Ok(Ok(value)) => {
-            let numbers: Vec<i64> = value.convert().map_err(|e| {
-                Failure::Store(StoreError::Protocol(format!(
-                    "script reply: {}",
-                    e.details()
-                )))
-            })?;
-            script::decode(&numbers, call.limits).map_err(Failure::Store)
-        }
+        Ok(Ok(value)) => value.convert().map_err(|e| {
+            Failure::Store(StoreError::Protocol(format!(
+                "script reply: {}",
+                e.details()
+            )))
+        }),
         Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
         Ok(Err(error)) => match moved_to(&error) {
             Some(server) => Err(Failure::Moved(server)),

@@ -1,18 +1,16 @@
 //! The lease script (`scripts/lease.lua`): the shared helpers and algorithm files of
 //! [`super::script`] joined with a lease entry point instead of `main.lua`, run with its
 //! own `EVALSHA`. Lease calls are rare by design (one per leased batch of units), so
-//! they bypass the batcher; a NOSCRIPT answer loads the script and runs the call again
-//! (it did not run, so nothing is charged twice).
+//! they bypass the batcher's queue, but are sent as its calls are
+//! ([`super::batcher::run_call`]: NOSCRIPT, MOVED, breaker, deadline).
 
 use std::sync::LazyLock;
 
-use fred::prelude::{ClientLike, LuaInterface};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use bytes::Bytes;
+use fred::types::Value;
 
-use super::batcher::{unrouted, Shared};
-use super::client::{classify, is_noscript};
-use super::nodes::Node;
-use super::script::limit_key;
+use super::batcher::{run_call, Shared};
+use super::script::{limit_key, number, Call};
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{LeaseGrant, LeaseRequest, StoreError};
 
@@ -44,8 +42,8 @@ fn algorithm_code(kind: AlgorithmKind) -> Option<u8> {
     }
 }
 
-/// KEYS and ARGV of one lease call; `now` overrides Redis `TIME` (tests only).
-fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<(String, Vec<String>), StoreError> {
+/// The lease call for `request`; `now` overrides Redis `TIME` (tests only).
+fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError> {
     let check = &request.check;
     let [limit] = check.limits.as_slice() else {
         return Err(StoreError::Protocol(format!(
@@ -57,85 +55,33 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<(String, Vec<Stri
         StoreError::Protocol(format!("{} cannot lease", limit.algorithm.as_str()))
     })?;
     let (unused, granted_at, granted_lifetime) = request.give_back.unwrap_or((0, 0, 0));
-    let args = vec![
-        now.map(|now| now.to_string()).unwrap_or_default(),
-        code.to_string(),
-        limit.quota.limit.to_string(),
-        limit.quota.period.to_string(),
-        limit.quota.burst.to_string(),
-        u8::from(limit.quota.stop_increment_when_over_limit).to_string(),
-        check.cost.to_string(),
-        request.units.to_string(),
-        unused.to_string(),
-        granted_at.to_string(),
-        request.lifetime.to_string(),
-        granted_lifetime.to_string(),
+    let argv = vec![
+        now.map_or_else(|| Value::from_static_str(""), number),
+        number(code.into()),
+        number(limit.quota.limit),
+        number(limit.quota.period),
+        number(limit.quota.burst),
+        number(limit.quota.stop_increment_when_over_limit.into()),
+        number(check.cost),
+        number(request.units),
+        number(unused),
+        number(granted_at),
+        number(request.lifetime),
+        number(granted_lifetime),
     ];
-    Ok((limit_key(check.key, 0), args))
+    let key = Value::Bytes(Bytes::from(limit_key(check.key, 0)));
+    Ok(Call::of(SCRIPT, Value::from(SHA.as_str()), vec![key], argv))
 }
 
-/// Runs one lease call.
+/// Runs one lease call, as the batcher runs its calls but on its own.
 pub async fn run(
     shared: &Shared,
     request: &LeaseRequest,
     now: Option<Micros>,
 ) -> Result<LeaseGrant, StoreError> {
-    let (key, args) = call(request, now)?;
-    let slot = fred::util::redis_keyslot(key.as_bytes());
-    let node = shared
-        .nodes
-        .topology()
-        .route(slot)
-        .cloned()
-        .ok_or_else(|| unrouted(slot))?;
-    let result = on_node(shared, &node, &key, &args).await;
-    shared
-        .health
-        .record(&node.name, result.as_ref().map(|_| ()));
-    if result.is_err() {
-        shared.nodes.suspect();
-    }
-    let reply = result?;
-    let numbers: Vec<i64> = reply
-        .convert()
-        .map_err(|e| StoreError::Protocol(format!("lease reply: {}", e.details())))?;
-    decode(&numbers)
-}
-
-/// The lease call on `node`; a NOSCRIPT answer loads the script there and runs the call
-/// again.
-async fn on_node(
-    shared: &Shared,
-    node: &Node,
-    key: &str,
-    args: &[String],
-) -> Result<Value, StoreError> {
-    // Sent as the batcher sends its calls: a custom EVALSHA.
-    let run = || async {
-        let command = CustomCommand::new_static("EVALSHA", ClusterHash::FirstKey, false);
-        let mut values: Vec<Value> = Vec::with_capacity(3 + args.len());
-        values.push(SHA.as_str().into());
-        values.push(Value::Integer(1));
-        values.push(key.into());
-        values.extend(args.iter().map(|arg| Value::from(arg.as_str())));
-        tokio::time::timeout(
-            shared.timeout,
-            node.client.custom::<Value, _>(command, values),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(shared.timeout))
-    };
-    match run().await? {
-        Err(error) if is_noscript(&error) => {
-            node.client
-                .script_load::<String, _>(SCRIPT)
-                .await
-                .map_err(|error| classify(&error, shared.timeout))?;
-            run().await?
-        }
-        other => other,
-    }
-    .map_err(|error| classify(&error, shared.timeout))
+    let call = call(request, now)?;
+    let node = shared.nodes.topology().route(call.slot()).cloned();
+    run_call(shared, node, &call, decode).await
 }
 
 /// Turns the script's reply into a grant.

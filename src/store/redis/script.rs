@@ -51,13 +51,15 @@ fn algorithm_code(kind: AlgorithmKind) -> u8 {
 
 /// One script call: `EVALSHA`'s whole argument list, built once as fred values (numbers
 /// as integers, which fred writes as bulk strings without formatting them into strings).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Call {
-    /// The SHA, the number of keys, the limit keys in order, then ARGV.
+    /// The SHA, the number of keys, the keys, then ARGV.
     pub args: Vec<Value>,
+    /// The script's text, loaded when a node answers NOSCRIPT.
+    pub script: &'static str,
     /// Hash slot of the keys (all of one call share it).
     slot: u16,
-    /// Limits decided by this call (the reply has five integers per limit).
+    /// Limits decided by this call (the main script's reply has five integers per limit).
     pub limits: usize,
 }
 
@@ -65,11 +67,35 @@ pub struct Call {
 static SHA_VALUE: LazyLock<Value> = LazyLock::new(|| Value::from(SHA.as_str()));
 
 /// A number as a script argument.
-fn number(x: u64) -> Value {
+pub fn number(x: u64) -> Value {
     i64::try_from(x).map_or_else(|_| Value::from(x.to_string()), Value::Integer)
 }
 
 impl Call {
+    /// A call of `script` (whose SHA is `sha`) on `keys`, all in one slot, with `argv`.
+    pub fn of(
+        script: &'static str,
+        sha: Value,
+        mut keys: Vec<Value>,
+        mut argv: Vec<Value>,
+    ) -> Self {
+        let slot = keys
+            .first()
+            .and_then(Value::as_bytes)
+            .map_or(0, fred::util::redis_keyslot);
+        let mut args = Vec::with_capacity(2 + keys.len() + argv.len());
+        args.push(sha);
+        args.push(number(keys.len() as u64));
+        args.append(&mut keys);
+        args.append(&mut argv);
+        Self {
+            args,
+            script,
+            slot,
+            limits: 0,
+        }
+    }
+
     /// Hash slot of the call's keys.
     pub fn slot(&self) -> u16 {
         self.slot
@@ -88,7 +114,6 @@ impl Call {
             flag(commit),
             Value::Integer(0), // number of checks, set below
         ];
-        let mut slot = None;
         let mut count = 0u64;
         let mut limits = 0;
         for check in checks {
@@ -96,9 +121,7 @@ impl Call {
             argv.push(number(check.cost));
             argv.push(number(check.limits.len() as u64));
             for (index, limit) in check.limits.iter().enumerate() {
-                let key = limit_key(check.key, index);
-                slot.get_or_insert_with(|| fred::util::redis_keyslot(key.as_bytes()));
-                keys.push(Value::Bytes(Bytes::from(key)));
+                keys.push(Value::Bytes(Bytes::from(limit_key(check.key, index))));
                 argv.push(Value::Integer(i64::from(algorithm_code(limit.algorithm))));
                 argv.push(number(limit.quota.limit));
                 argv.push(number(limit.quota.period));
@@ -108,15 +131,9 @@ impl Call {
             }
         }
         argv[2] = number(count);
-        let mut args = Vec::with_capacity(2 + keys.len() + argv.len());
-        args.push(SHA_VALUE.clone());
-        args.push(number(keys.len() as u64));
-        args.append(&mut keys);
-        args.append(&mut argv);
         Self {
-            args,
-            slot: slot.unwrap_or(0),
             limits,
+            ..Self::of(SCRIPT, SHA_VALUE.clone(), keys, argv)
         }
     }
 }

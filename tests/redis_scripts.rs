@@ -178,6 +178,84 @@ async fn one_call_decides_many_checks_in_order() {
     }
 }
 
+/// A key holding what its algorithm cannot read (another algorithm's state, a malformed
+/// or non-numeric string, another Redis type) is decided as a fresh state, never as a
+/// script error, and the check's charge replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_stored_values_read_as_fresh_states() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let now: Micros = 1_800_000_000_000_000;
+    let stored: [&[&str]; 8] = [
+        // Another algorithm's valid state (each is read by one algorithm only).
+        &["SET", "f 1800000000000000 3"],
+        &["SET", "t 4.5 1800000000000000"],
+        &["SET", "t 0.5"],
+        &["SET", "w 1 2 x"],
+        &["SET", "g nan-ish 1"],
+        &["SET", "t 1 2 3"],
+        &["SET", "12"],
+        &["RPUSH", "a", "b"],
+    ];
+    let mut case = 0u128;
+    for algorithm in KINDS {
+        for command in stored {
+            let own_state = match algorithm {
+                AlgorithmKind::FixedWindow => "f 1800000000000000 3",
+                AlgorithmKind::TokenBucket => "t 4.5 1800000000000000",
+                _ => "",
+            };
+            if command[1] == own_state {
+                continue; // its own algorithm's valid state, not an unreadable one
+            }
+            case += 1;
+            let key = CounterKey(case);
+            let check = StoreCheck {
+                key,
+                limits: vec![LimitCheck {
+                    algorithm,
+                    quota: Quota {
+                        limit: 5,
+                        period: 1_000_000,
+                        burst: 5,
+                        stop_increment_when_over_limit: false,
+                    },
+                }],
+                cost: 2,
+            };
+            let name = sluice::store::redis::script::limit_key(key, 0);
+            let mut args = vec![command[0], name.as_str()];
+            args.extend_from_slice(&command[1..]);
+            server.cli(&args);
+            let fresh = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
+            let (mut expected, mut actual) = (Vec::new(), Vec::new());
+            fresh
+                .check(std::slice::from_ref(&check), &mut expected)
+                .await
+                .expect("memory");
+            redis
+                .check_at(std::slice::from_ref(&check), true, now, &mut actual)
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm:?} over {command:?}: {e}"));
+            assert_eq!(expected, actual, "{algorithm:?} over {command:?}");
+            // The charge was stored: a second check sees it.
+            let (mut expected, mut actual) = (Vec::new(), Vec::new());
+            fresh
+                .check(std::slice::from_ref(&check), &mut expected)
+                .await
+                .expect("memory");
+            redis
+                .check_at(std::slice::from_ref(&check), true, now, &mut actual)
+                .await
+                .expect("redis");
+            assert_eq!(
+                expected, actual,
+                "{algorithm:?} over {command:?}, second check"
+            );
+        }
+    }
+}
+
 trait NowValue {
     fn now_value(&self) -> Micros;
 }

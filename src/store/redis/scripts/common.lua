@@ -66,4 +66,13 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- The numbers `pattern` captures in `raw` (nil for a capture that is missing or not a
+-- number): a stored state is its algorithm's tag and its fields, space separated.
+local function numbers(raw, pattern)
+  local a, b, c = string.match(raw, pattern)
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+-- Every algorithm with a string state has decode (the stored string to a state, nil
+-- when it is not this algorithm's) and encode (a state to the string stored).
 local ALGOS = {}

@@ -1,9 +1,11 @@
 -- Fixed window (mirror of src/algorithm/fixed_window.rs). State: {ws, count}.
 ALGOS[1] = {
-  tag = 'f',
   fresh = function() return { ws = 0, count = 0 } end,
-  decode = function(fields) return { ws = tonumber(fields[1]), count = tonumber(fields[2]) } end,
-  encode = function(s) return int(s.ws) .. ' ' .. int(s.count) end,
+  decode = function(raw)
+    local ws, count = numbers(raw, '^f (%S+) (%S+)$')
+    if ws and count then return { ws = ws, count = count } end
+  end,
+  encode = function(s) return string.format('f %.0f %.0f', s.ws, s.count) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local ws = now - fmod(now, q.period)

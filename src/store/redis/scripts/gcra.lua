@@ -39,10 +39,12 @@ local function gcra_tat_of(s, q)
 end
 
 ALGOS[5] = {
-  tag = 'g',
   fresh = function() return { tat = 0, frac = 0 } end,
-  decode = function(f) return { tat = tonumber(f[1]), frac = tonumber(f[2]) } end,
-  encode = function(s) return int(s.tat) .. ' ' .. int(s.frac) end,
+  decode = function(raw)
+    local tat, frac = numbers(raw, '^g (%S+) (%S+)$')
+    if tat and frac then return { tat = tat, frac = frac } end
+  end,
+  encode = function(s) return string.format('g %.0f %.0f', s.tat, s.frac) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local now_m = { us = now, frac = 0 }

@@ -47,14 +47,7 @@ end
 -- Load (tagged string states only: every leasable algorithm stores one).
 local state = nil
 local raw = redis.pcall('GET', key)
-if type(raw) == 'string' then
-  local fields = {}
-  for word in string.gmatch(raw, '%S+') do fields[#fields + 1] = word end
-  if fields[1] == algo.tag then
-    table.remove(fields, 1)
-    state = algo.decode(fields)
-  end
-end
+if type(raw) == 'string' then state = algo.decode(raw) end
 if state == nil or algo.expires_at(state, q) <= now then state = algo.fresh() end
 local dirty = false
 
@@ -142,7 +135,7 @@ if dirty then
     redis.call('DEL', key)
   else
     local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
-    redis.call('SET', key, algo.tag .. ' ' .. algo.encode(state), 'PX', ttl_ms)
+    redis.call('SET', key, algo.encode(state), 'PX', ttl_ms)
   end
 end
 

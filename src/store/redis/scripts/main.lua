@@ -38,12 +38,7 @@ local function load(key, kind)
     local raw = redis.pcall('GET', key)
     state, foreign = nil, false
     if type(raw) == 'string' then
-      local fields = {}
-      for word in string.gmatch(raw, '%S+') do fields[#fields + 1] = word end
-      if fields[1] == algo.tag then
-        table.remove(fields, 1)
-        state = algo.decode(fields)
-      end
+      state = algo.decode(raw)
     elseif type(raw) == 'table' then
       foreign = true
     end
@@ -55,46 +50,59 @@ local function load(key, kind)
   return entry
 end
 
+-- The quota of the limit whose five arguments start at ARGV[a]. The checks of a batch
+-- mostly share a rule: a limit with the previous limit's arguments (compared as
+-- interned strings) shares its quota table, which nothing writes to.
+local last_limit, last_period, last_burst, last_stop, last_q
+local function quota_at(a)
+  local limit, period, burst, stop = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  if limit ~= last_limit or period ~= last_period or burst ~= last_burst or stop ~= last_stop then
+    last_limit, last_period, last_burst, last_stop = limit, period, burst, stop
+    last_q = { limit = tonumber(limit), period = tonumber(period),
+               burst = tonumber(burst), stop = stop == '1' }
+  end
+  return last_q
+end
+
+-- One check's limits, reused from check to check (entries 1..n are the current ones).
+local keys, kinds, quotas, nexts = {}, {}, {}, {}
 local out = {}
 local a, k = 4, 1
 for _ = 1, checks do
   local cost = tonumber(ARGV[a])
   local n = tonumber(ARGV[a + 1])
   a = a + 2
-  local limits = {}
   for i = 1, n do
-    limits[i] = {
-      key = KEYS[k], kind = tonumber(ARGV[a]),
-      q = { limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]),
-            burst = tonumber(ARGV[a + 3]), stop = ARGV[a + 4] == '1' },
-    }
+    keys[i], kinds[i], quotas[i], nexts[i] = KEYS[k], tonumber(ARGV[a]), quota_at(a), false
     a = a + 5
     k = k + 1
   end
-  local nexts, all_allowed = {}, true
-  for i, l in ipairs(limits) do
-    local entry = load(l.key, l.kind)
+  local all_allowed = true
+  for i = 1, n do
+    local kind, q = kinds[i], quotas[i]
+    local entry = load(keys[i], kind)
     local state = entry.state
-    local algo = ALGOS[l.kind]
+    local algo = ALGOS[kind]
     -- A state past its expiry answers as fresh (the memory store's rule).
-    local expired = algo.expires_at(state, l.q) <= now
+    local expired = algo.expires_at(state, q) <= now
     if expired then state = algo.fresh() end
-    local d, next, changed = algo.decide(state, now, cost, l.q)
+    local d, next, changed = algo.decide(state, now, cost, q)
     if not d[1] then all_allowed = false end
     -- A committed decision over an expired state drops it, as the memory store does.
     if changed or expired then nexts[i] = next end
-    out[#out + 1] = d[1] and 1 or 0
-    for j = 2, 5 do out[#out + 1] = d[j] end
+    local o = #out
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+      d[1] and 1 or 0, d[2], d[3], d[4], d[5]
   end
   -- All-or-nothing; a single limit commits even when refused (fixed window counts
   -- refused hits, the others return no change).
   if commit and (all_allowed or n == 1) then
-    for i, l in ipairs(limits) do
+    for i = 1, n do
       if nexts[i] then
-        local entry = cache[l.key]
+        local entry = cache[keys[i]]
         entry.state = nexts[i]
         entry.dirty = true
-        entry.q = l.q
+        entry.q = quotas[i]
       end
     end
   end
@@ -112,7 +120,7 @@ for _, key in ipairs(order) do
       if algo.store then
         algo.store(key, entry.orig, entry.foreign, entry.state, ttl_ms)
       else
-        redis.call('SET', key, algo.tag .. ' ' .. algo.encode(entry.state), 'PX', ttl_ms)
+        redis.call('SET', key, algo.encode(entry.state), 'PX', ttl_ms)
       end
     end
   end

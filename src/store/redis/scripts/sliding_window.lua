@@ -32,10 +32,12 @@ local function sw_guess(a, left, cost, q)
 end
 
 ALGOS[2] = {
-  tag = 'w',
   fresh = function() return { ws = 0, prev = 0, curr = 0 } end,
-  decode = function(f) return { ws = tonumber(f[1]), prev = tonumber(f[2]), curr = tonumber(f[3]) } end,
-  encode = function(s) return int(s.ws) .. ' ' .. int(s.prev) .. ' ' .. int(s.curr) end,
+  decode = function(raw)
+    local ws, prev, curr = numbers(raw, '^w (%S+) (%S+) (%S+)$')
+    if ws and prev and curr then return { ws = ws, prev = prev, curr = curr } end
+  end,
+  encode = function(s) return string.format('w %.0f %.0f %.0f', s.ws, s.prev, s.curr) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local period = q.period

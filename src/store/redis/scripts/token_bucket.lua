@@ -19,10 +19,12 @@ local function tb_guess(s, now, tokens, q)
 end
 
 ALGOS[4] = {
-  tag = 't',
   fresh = function() return { deficit = 0, last = 0 } end,
-  decode = function(f) return { deficit = tonumber(f[1]), last = tonumber(f[2]) } end,
-  encode = function(s) return string.format('%.17g', s.deficit) .. ' ' .. int(s.last) end,
+  decode = function(raw)
+    local deficit, last = numbers(raw, '^t (%S+) (%S+)$')
+    if deficit and last then return { deficit = deficit, last = last } end
+  end,
+  encode = function(s) return string.format('t %.17g %.0f', s.deficit, s.last) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local deficit = tb_deficit_at(s, now, q)

@@ -45,6 +45,17 @@ impl CounterKey {
     pub fn hex(self) -> String {
         format!("{:032x}", self.0)
     }
+
+    /// [`Self::hex`] without allocating.
+    pub fn hex_bytes(self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, byte) in self.0.to_be_bytes().iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(byte >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        out
+    }
 }
 
 /// Key of one limit's state: the descriptor's counter key and the limit's position.
@@ -175,6 +186,8 @@ mod tests {
     fn stable_across_runs() {
         let key = CounterKey::new("domain", &[entry("key", "value")], &[]);
         assert_eq!(key.hex().len(), 32);
+        assert_eq!(key.hex().as_bytes(), key.hex_bytes());
+        assert_eq!(CounterKey(0xab).hex_bytes()[28..], *b"00ab");
         assert_eq!(
             key,
             CounterKey::new("domain", &[entry("key", "value")], &[])

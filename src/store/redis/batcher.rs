@@ -51,7 +51,7 @@ pub struct Job {
 
 /// Hash slot of a check's keys (all limits of a descriptor share it).
 pub fn slot_of(check: &StoreCheck) -> u16 {
-    fred::util::redis_keyslot(script::limit_key(check.key, 0).as_bytes())
+    script::slot(check.key)
 }
 
 /// What every batch needs.

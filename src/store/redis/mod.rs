@@ -72,7 +72,7 @@ impl RedisStore {
     /// The client of the node that holds `key`'s counters, if that node is known (tests
     /// read keys and `MEMORY USAGE` through it).
     pub fn client_for(&self, key: CounterKey) -> Option<Client> {
-        let slot = fred::util::redis_keyslot(script::limit_key(key, 0).as_bytes());
+        let slot = script::slot(key);
         self.shared
             .nodes
             .topology()
@@ -126,7 +126,7 @@ impl RedisStore {
         let op = if commit { "check" } else { "peek" };
         let started = Instant::now();
         self.shared.nodes.wait_known(self.shared.timeout).await;
-        let result = match self.allow(checks.iter().map(batcher::slot_of)) {
+        let result = match self.allow(&checks) {
             Ok(()) => self.round_trip(checks, commit).await,
             Err(error) => Err(error),
         };
@@ -144,21 +144,17 @@ impl RedisStore {
         }
     }
 
-    /// Whether calls on `slots` may go to Redis now: each has a node and that node's
-    /// breaker lets calls through.
-    fn allow(&self, slots: impl Iterator<Item = u16>) -> Result<(), StoreError> {
+    /// Whether calls for `checks` may go to Redis now: the slot of each has a node and
+    /// that node's breaker lets calls through.
+    fn allow(&self, checks: &[StoreCheck]) -> Result<(), StoreError> {
         let topology = self.shared.nodes.topology();
-        let mut names = Vec::new();
-        for slot in slots {
-            match topology.route(slot) {
-                Some(node) => names.push(&node.name),
-                None => {
-                    self.shared.nodes.suspect();
-                    return Err(batcher::unrouted(slot));
-                }
-            }
+        let node_of = |check: &StoreCheck| topology.route(batcher::slot_of(check));
+        if let Some(check) = checks.iter().find(|check| node_of(check).is_none()) {
+            self.shared.nodes.suspect();
+            return Err(batcher::unrouted(batcher::slot_of(check)));
         }
-        let allowed = self.shared.health.allow(names.into_iter());
+        let names = checks.iter().filter_map(node_of).map(|node| &node.name);
+        let allowed = self.shared.health.allow(names);
         if allowed.is_err() {
             // An open breaker may be a primary that has been replaced: look again.
             self.shared.nodes.suspect();
@@ -223,7 +219,7 @@ impl Store for RedisStore {
     async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let started = Instant::now();
         self.shared.nodes.wait_known(self.shared.timeout).await;
-        let result = match self.allow(std::iter::once(batcher::slot_of(&request.check))) {
+        let result = match self.allow(std::slice::from_ref(&request.check)) {
             Ok(()) => lease::run(&self.shared, request, None).await,
             Err(error) => Err(error),
         };

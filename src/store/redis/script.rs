@@ -9,7 +9,9 @@
 
 use std::sync::LazyLock;
 
-use bytes::Bytes;
+use std::io::Write;
+
+use bytes::{BufMut, Bytes, BytesMut};
 use fred::types::Value;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
@@ -36,6 +38,31 @@ const REPLY_WIDTH: usize = 5;
 /// every limit of a descriptor lives in one slot.
 pub fn limit_key(key: CounterKey, index: usize) -> String {
     format!("sluice:{{{}}}:{index}", key.hex())
+}
+
+/// Hash slot of every limit key of the descriptor `key` (the slot of its hash tag, the
+/// digest's hex), computed without building a key.
+pub fn slot(key: CounterKey) -> u16 {
+    fred::util::redis_keyslot(&key.hex_bytes())
+}
+
+/// Bytes of one limit key: room for the prefix, the tag, and any index.
+const KEY_CAPACITY: usize = 64;
+/// Keys written into one shared buffer before the next one is allocated.
+const KEYS_PER_BUFFER: usize = 32;
+
+/// [`limit_key`] written into `buffer` (which many keys share) and split off it.
+fn limit_key_in(key: CounterKey, index: usize, buffer: &mut BytesMut) -> Bytes {
+    if buffer.capacity() < KEY_CAPACITY {
+        *buffer = BytesMut::with_capacity(KEY_CAPACITY * KEYS_PER_BUFFER);
+    }
+    buffer.put_slice(b"sluice:{");
+    buffer.put_slice(&key.hex_bytes());
+    buffer.put_slice(b"}:");
+    let mut writer = buffer.writer();
+    // Writing into a BytesMut cannot fail.
+    let _ = write!(writer, "{index}");
+    writer.into_inner().split().freeze()
 }
 
 /// The algorithm's number in the wire format.
@@ -116,12 +143,17 @@ impl Call {
         ];
         let mut count = 0u64;
         let mut limits = 0;
+        let mut key_buffer = BytesMut::new();
         for check in checks {
             count += 1;
             argv.push(number(check.cost));
             argv.push(number(check.limits.len() as u64));
             for (index, limit) in check.limits.iter().enumerate() {
-                keys.push(Value::Bytes(Bytes::from(limit_key(check.key, index))));
+                keys.push(Value::Bytes(limit_key_in(
+                    check.key,
+                    index,
+                    &mut key_buffer,
+                )));
                 argv.push(Value::Integer(i64::from(algorithm_code(limit.algorithm))));
                 argv.push(number(limit.quota.limit));
                 argv.push(number(limit.quota.period));
@@ -157,4 +189,24 @@ pub fn decode(reply: &[i64], limits: usize) -> Result<Vec<Decision>, StoreError>
             used: unsigned(r[4]),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_built_in_a_shared_buffer_equal_the_formatted_ones() {
+        let mut buffer = BytesMut::new();
+        for n in 0..100u128 {
+            let key = CounterKey(n.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835));
+            let index = (n % 12) as usize;
+            let built = limit_key_in(key, index, &mut buffer);
+            assert_eq!(built, limit_key(key, index).as_bytes());
+            assert_eq!(
+                slot(key),
+                fred::util::redis_keyslot(limit_key(key, index).as_bytes())
+            );
+        }
+    }
 }

@@ -220,7 +220,10 @@ impl Store for RedisStore {
         let started = Instant::now();
         self.shared.nodes.wait_known(self.shared.timeout).await;
         let result = match self.allow(std::slice::from_ref(&request.check)) {
-            Ok(()) => lease::run(&self.shared, request, None).await,
+            // Boxed: the lease call's state is several kilobytes, and this future is
+            // part of every request's future, which would otherwise carry that size
+            // (allocated and moved per request) for a call made once per lease.
+            Ok(()) => Box::pin(lease::run(&self.shared, request, None)).await,
             Err(error) => Err(error),
         };
         let metrics = &self.shared.metrics;

@@ -15,15 +15,7 @@ use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{LeaseGrant, LeaseRequest, StoreError};
 
 /// The whole lease script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = concat!(
-    include_str!("scripts/common.lua"),
-    include_str!("scripts/fixed_window.lua"),
-    include_str!("scripts/sliding_window.lua"),
-    include_str!("scripts/sliding_log.lua"),
-    include_str!("scripts/token_bucket.lua"),
-    include_str!("scripts/gcra.lua"),
-    include_str!("scripts/lease.lua"),
-);
+pub const SCRIPT: &str = super::script::script_with_algorithms!("lease.lua");
 
 /// SHA-1 of [`SCRIPT`].
 pub static SHA: LazyLock<String> = LazyLock::new(|| fred::util::sha1_hash(SCRIPT));

@@ -17,16 +17,25 @@ use fred::types::Value;
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{CounterKey, StoreCheck, StoreError};
 
+/// A whole script: the shared helpers and every algorithm, then the entry point
+/// `$entry` (a file under `scripts/`).
+macro_rules! script_with_algorithms {
+    ($entry:literal) => {
+        concat!(
+            include_str!("scripts/common.lua"),
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_window.lua"),
+            include_str!("scripts/sliding_log.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/gcra.lua"),
+            include_str!(concat!("scripts/", $entry)),
+        )
+    };
+}
+pub(super) use script_with_algorithms;
+
 /// The whole script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = concat!(
-    include_str!("scripts/common.lua"),
-    include_str!("scripts/fixed_window.lua"),
-    include_str!("scripts/sliding_window.lua"),
-    include_str!("scripts/sliding_log.lua"),
-    include_str!("scripts/token_bucket.lua"),
-    include_str!("scripts/gcra.lua"),
-    include_str!("scripts/main.lua"),
-);
+pub const SCRIPT: &str = script_with_algorithms!("main.lua");
 
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
 pub static SHA: LazyLock<String> = LazyLock::new(|| fred::util::sha1_hash(SCRIPT));

@@ -5,8 +5,8 @@
 //!
 //! Only for stores shared with other instances: with the memory store the store *is*
 //! local memory. Which keys: a key is hot once this instance sees [`MIN_RATE`] checks
-//! of it within a second (allocation-free [`Meters`], which count every check); while it
-//! is hot its admitted units are charged locally (starting from nothing, which is sound: a subset of the store's
+//! of it within a second (allocation-free [`Meters`]); from then on its admitted units
+//! are charged locally (starting from nothing, which is sound: a subset of the store's
 //! charges). Hot keys live in a bounded moka cache ([`DEFAULT_CAPACITY`] keys) whose
 //! TinyLFU admission keeps the most used ones when it is full.
 //!
@@ -93,15 +93,15 @@ impl Precheck {
         cost: u64,
         now: Micros,
     ) -> Option<(usize, Decision)> {
-        // Only hot keys have entries worth a cache lookup (an entry of a key gone cold
-        // is skipped, and not charged either: a subset of charges is always sound).
-        if cost == 0 || !self.meters.hot(counter, now) {
+        if cost == 0 {
             return None;
         }
         let key = (counter, fingerprint(limits));
         let Some(entry) = self.cache.get(&key) else {
-            let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
-            self.cache.insert(key, Arc::new(Mutex::new(views)));
+            if self.meters.hot(counter, now) {
+                let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
+                self.cache.insert(key, Arc::new(Mutex::new(views)));
+            }
             return None;
         };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -139,11 +139,7 @@ impl Precheck {
         sent: Micros,
         decisions: &[Decision],
     ) {
-        if cost == 0
-            || decisions.len() != limits.len()
-            || decisions.iter().any(|d| !d.allowed)
-            || !self.meters.is_hot(counter, sent)
-        {
+        if cost == 0 || decisions.len() != limits.len() || decisions.iter().any(|d| !d.allowed) {
             return;
         }
         let Some(entry) = self.cache.get(&(counter, fingerprint(limits))) else {

@@ -162,12 +162,22 @@ pub fn settings_from(argv: &[&str], env: &[(String, String)]) -> Settings {
     Settings::resolve(&args, &|name| env.get(name).cloned()).expect("settings resolve")
 }
 
+/// Writes `name` under `dir` at once, as a ConfigMap update does (a hidden temporary
+/// file renamed over it): a reload never reads a half-written file, so each edit's
+/// outcome is that edit's own.
 pub fn write_file(dir: &Path, name: &str, text: &str) {
     let path = dir.join(name);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).expect("create config subdir");
     }
-    std::fs::write(path, text).expect("write config file");
+    let file_name = path
+        .file_name()
+        .expect("config file name")
+        .to_string_lossy()
+        .into_owned();
+    let temporary = path.with_file_name(format!(".{file_name}.tmp"));
+    std::fs::write(&temporary, text).expect("write config file");
+    std::fs::rename(&temporary, &path).expect("rename config file");
 }
 
 /// Every metric sample a `/metrics` URL exposes.

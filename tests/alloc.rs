@@ -5,11 +5,12 @@
 //! The bound is the allocations the answer itself must own, plus the request's borrowed
 //! view; see `ALLOWED` below.
 
+mod support;
+
 use std::sync::Arc;
 
 use sluice::clock::{Clock, ManualClock};
 use sluice::limiter::{Limiter, LimiterSettings};
-use sluice::proto::common::{rate_limit_descriptor::Entry, RateLimitDescriptor};
 use sluice::proto::rls::RateLimitRequest;
 use sluice::rules::live::LiveRules;
 use sluice::rules::LoadOptions;
@@ -17,6 +18,7 @@ use sluice::service::{RequestBounds, ResponseOptions, Service};
 use sluice::store::memory::MemoryStore;
 use sluice::telemetry::Metrics;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use support::user_request;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
@@ -28,20 +30,6 @@ descriptors:
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 1000000}
 ";
-
-fn request(user: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "bench".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: user.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    }
-}
 
 /// Allocations per request, the most a steady-state one-descriptor decision may make,
 /// each a vector sized by the request: the request's borrowed view (descriptors, and
@@ -79,8 +67,8 @@ fn allocations_per_request_are_bounded() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let hot = request("alice");
-    let fresh: Vec<RateLimitRequest> = (0..1000).map(|i| request(&format!("u{i}"))).collect();
+    let hot = user_request("alice");
+    let fresh: Vec<RateLimitRequest> = (0..1000).map(|i| user_request(&format!("u{i}"))).collect();
     // Warm up: metric families, the stored key, lazily built statics.
     for _ in 0..10 {
         runtime

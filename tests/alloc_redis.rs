@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use sluice::clock::{Clock, SystemClock};
 use sluice::limiter::{Limiter, LimiterSettings};
-use sluice::proto::common::{rate_limit_descriptor::Entry, RateLimitDescriptor};
 use sluice::proto::rls::RateLimitRequest;
 use sluice::rules::live::LiveRules;
 use sluice::rules::LoadOptions;
@@ -18,6 +17,7 @@ use sluice::store::redis::RedisMode;
 use sluice::telemetry::Metrics;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use support::redis::{connected_store, RedisServer};
+use support::user_request;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
@@ -27,20 +27,6 @@ descriptors:
   - key: user
     rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: token_bucket}
 ";
-
-fn request(user: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "bench".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: user.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    }
-}
 
 /// Largest future of one request (measured: 1 936 bytes; it was 8 944 while the lease
 /// call's state was inline).
@@ -77,7 +63,7 @@ fn allocations_per_request_on_redis() {
         ))
     });
     let requests: Arc<Vec<RateLimitRequest>> =
-        Arc::new((0..64).map(|i| request(&format!("u{i}"))).collect());
+        Arc::new((0..64).map(|i| user_request(&format!("u{i}"))).collect());
     let round = |service: Arc<Service<_>>, requests: Arc<Vec<RateLimitRequest>>| async move {
         let calls = (0..requests.len()).map(|i| {
             let service = service.clone();

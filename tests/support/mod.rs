@@ -180,6 +180,22 @@ pub fn write_file(dir: &Path, name: &str, text: &str) {
     std::fs::rename(&temporary, &path).expect("rename config file");
 }
 
+/// A `ShouldRateLimit` request of domain `bench` with one descriptor, `user=<user>`.
+pub fn user_request(user: &str) -> sluice::proto::rls::RateLimitRequest {
+    use sluice::proto::common::{rate_limit_descriptor::Entry, RateLimitDescriptor};
+    sluice::proto::rls::RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: user.into(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
 /// Every metric sample a `/metrics` URL exposes.
 pub async fn fetch_metrics(url: &str) -> Metrics {
     let text = reqwest::get(url)

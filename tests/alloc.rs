@@ -10,15 +10,10 @@ mod support;
 use std::sync::Arc;
 
 use sluice::clock::{Clock, ManualClock};
-use sluice::limiter::{Limiter, LimiterSettings};
 use sluice::proto::rls::RateLimitRequest;
-use sluice::rules::live::LiveRules;
-use sluice::rules::LoadOptions;
-use sluice::service::{RequestBounds, ResponseOptions, Service};
 use sluice::store::memory::MemoryStore;
-use sluice::telemetry::Metrics;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use support::user_request;
+use support::{service_with, user_request};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
@@ -39,31 +34,9 @@ const ALLOWED: u64 = 8;
 
 #[test]
 fn allocations_per_request_are_bounded() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("rules.yaml"), RULES).expect("write");
-    let rules = Arc::new(LiveRules::new(dir.path(), LoadOptions::default()));
-    assert!(
-        matches!(
-            rules.reload(),
-            sluice::rules::live::ReloadOutcome::Loaded(_)
-        ),
-        "rules load"
-    );
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_700_000_000_000_000));
-    let metrics = Arc::new(Metrics::new());
-    let limiter = Limiter::new(
-        MemoryStore::new(100_000, clock.clone()),
-        clock,
-        LimiterSettings::default(),
-        metrics.clone(),
-    );
-    let service = Service::new(
-        limiter,
-        rules,
-        ResponseOptions::default(),
-        RequestBounds::default(),
-        metrics,
-    );
+    let (_rules_dir, service) =
+        service_with(RULES, MemoryStore::new(100_000, clock.clone()), clock);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");

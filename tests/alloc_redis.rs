@@ -7,17 +7,13 @@ mod support;
 
 use std::sync::Arc;
 
-use sluice::clock::{Clock, SystemClock};
-use sluice::limiter::{Limiter, LimiterSettings};
+use sluice::clock::SystemClock;
 use sluice::proto::rls::RateLimitRequest;
-use sluice::rules::live::LiveRules;
-use sluice::rules::LoadOptions;
-use sluice::service::{RequestBounds, ResponseOptions, Service};
+use sluice::service::Service;
 use sluice::store::redis::RedisMode;
-use sluice::telemetry::Metrics;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use support::redis::{connected_store, RedisServer};
-use support::user_request;
+use support::{service_with, user_request};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
@@ -46,22 +42,9 @@ fn allocations_per_request_on_redis() {
         .enable_all()
         .build()
         .expect("runtime");
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("rules.yaml"), RULES).expect("write");
-    let rules = Arc::new(LiveRules::new(dir.path(), LoadOptions::default()));
-    rules.reload();
-    let service = runtime.block_on(async {
-        let store = connected_store(RedisMode::Standalone, server.url()).await;
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
-        let metrics = Arc::new(Metrics::new());
-        Arc::new(Service::new(
-            Limiter::new(store, clock, LimiterSettings::default(), metrics.clone()),
-            rules,
-            ResponseOptions::default(),
-            RequestBounds::default(),
-            metrics,
-        ))
-    });
+    let store = runtime.block_on(connected_store(RedisMode::Standalone, server.url()));
+    let (_rules_dir, service) = service_with(RULES, store, Arc::new(SystemClock::default()));
+    let service = Arc::new(service);
     let requests: Arc<Vec<RateLimitRequest>> =
         Arc::new((0..64).map(|i| user_request(&format!("u{i}"))).collect());
     let round = |service: Arc<Service<_>>, requests: Arc<Vec<RateLimitRequest>>| async move {
@@ -82,7 +65,11 @@ fn allocations_per_request_on_redis() {
         "a request's future is {future_bytes} bytes, more than {MAX_FUTURE_BYTES}"
     );
     for _ in 0..20 {
-        runtime.block_on(round(service.clone(), requests.clone()));
+        let answered = runtime.block_on(round(service.clone(), requests.clone()));
+        assert!(
+            answered.iter().all(|call| matches!(call, Ok(true))),
+            "every call is answered by the Redis store"
+        );
     }
     const ROUNDS: usize = 200;
     let region = Region::new(GLOBAL);

@@ -180,6 +180,44 @@ pub fn write_file(dir: &Path, name: &str, text: &str) {
     std::fs::rename(&temporary, &path).expect("rename config file");
 }
 
+/// A service deciding with `store` on the rules `text` (written as `rules.yaml`, which
+/// must load), and the temporary directory that holds them.
+pub fn service_with<S: sluice::store::Store>(
+    text: &str,
+    store: S,
+    clock: std::sync::Arc<dyn sluice::clock::Clock>,
+) -> (tempfile::TempDir, sluice::service::Service<S>) {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_file(dir.path(), "rules.yaml", text);
+    let rules = Arc::new(sluice::rules::live::LiveRules::new(
+        dir.path(),
+        sluice::rules::LoadOptions::default(),
+    ));
+    assert!(
+        matches!(
+            rules.reload(),
+            sluice::rules::live::ReloadOutcome::Loaded(_)
+        ),
+        "rules load"
+    );
+    let metrics = Arc::new(sluice::telemetry::Metrics::new());
+    let limiter = sluice::limiter::Limiter::new(
+        store,
+        clock,
+        sluice::limiter::LimiterSettings::default(),
+        metrics.clone(),
+    );
+    let service = sluice::service::Service::new(
+        limiter,
+        rules,
+        sluice::service::ResponseOptions::default(),
+        sluice::service::RequestBounds::default(),
+        metrics,
+    );
+    (dir, service)
+}
+
 /// A `ShouldRateLimit` request of domain `bench` with one descriptor, `user=<user>`.
 pub fn user_request(user: &str) -> sluice::proto::rls::RateLimitRequest {
     use sluice::proto::common::{rate_limit_descriptor::Entry, RateLimitDescriptor};

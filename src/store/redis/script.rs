@@ -4,7 +4,8 @@
 //!
 //! Wire format (see `scripts/main.lua`): KEYS are every limit key of every check in
 //! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the number of
-//! checks, then per check its cost, its number of limits, and per limit five numbers.
+//! distinct rules, then per rule its number of limits and per limit five numbers, then
+//! per check its rule's index and its cost.
 //! The reply is five integers per limit.
 
 use std::sync::LazyLock;
@@ -15,7 +16,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use fred::types::Value;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
-use crate::store::{CounterKey, StoreCheck, StoreError};
+use crate::store::{CounterKey, LimitCheck, StoreCheck, StoreError};
 
 /// A whole script: the shared helpers and every algorithm, then the entry point
 /// `$entry` (a file under `scripts/`).
@@ -138,6 +139,8 @@ impl Call {
     }
 
     /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
+    /// Each distinct rule (list of limits) is sent once, and each check names its rule
+    /// by index: the checks of a batch mostly share one.
     pub fn new<'a>(
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,
@@ -145,33 +148,49 @@ impl Call {
     ) -> Self {
         let flag = |on: bool| Value::Integer(i64::from(on));
         let mut keys: Vec<Value> = Vec::new();
-        let mut argv: Vec<Value> = vec![
-            now.map_or_else(|| Value::from_static_str(""), number),
-            flag(commit),
-            Value::Integer(0), // number of checks, set below
-        ];
-        let mut count = 0u64;
+        let mut rules: Vec<&'a [LimitCheck]> = Vec::new();
+        // Per check: its rule's index (1-based, as Lua counts) and its cost.
+        let mut tail: Vec<Value> = Vec::new();
         let mut limits = 0;
         let mut key_buffer = BytesMut::new();
         for check in checks {
-            count += 1;
-            argv.push(number(check.cost));
-            argv.push(number(check.limits.len() as u64));
-            for (index, limit) in check.limits.iter().enumerate() {
+            let rule = match rules
+                .iter()
+                .position(|rule| *rule == check.limits.as_slice())
+            {
+                Some(index) => index,
+                None => {
+                    rules.push(&check.limits);
+                    rules.len() - 1
+                }
+            };
+            tail.push(number(rule as u64 + 1));
+            tail.push(number(check.cost));
+            for index in 0..check.limits.len() {
                 keys.push(Value::Bytes(limit_key_in(
                     check.key,
                     index,
                     &mut key_buffer,
                 )));
+            }
+            limits += check.limits.len();
+        }
+        let rule_args: usize = rules.iter().map(|rule| 1 + 5 * rule.len()).sum();
+        let mut argv: Vec<Value> = Vec::with_capacity(3 + rule_args + tail.len());
+        argv.push(now.map_or_else(|| Value::from_static_str(""), number));
+        argv.push(flag(commit));
+        argv.push(number(rules.len() as u64));
+        for rule in &rules {
+            argv.push(number(rule.len() as u64));
+            for limit in *rule {
                 argv.push(Value::Integer(i64::from(algorithm_code(limit.algorithm))));
                 argv.push(number(limit.quota.limit));
                 argv.push(number(limit.quota.period));
                 argv.push(number(limit.quota.burst));
                 argv.push(flag(limit.quota.stop_increment_when_over_limit));
-                limits += 1;
             }
         }
-        argv[2] = number(count);
+        argv.append(&mut tail);
         Self {
             limits,
             ..Self::of(SCRIPT, SHA_VALUE.clone(), keys, argv)

@@ -2,9 +2,10 @@
 --   [1] now in µs, or '' to read Redis TIME (tests inject a clock here; an injected
 --       clock also lengthens TTLs by an hour, since its time is not Redis's)
 --   [2] '1' to charge, '0' to peek
---   [3] number of checks, then per check: cost, number of limits, and per limit:
+--   [3] number of rules, then per rule: its number of limits, and per limit:
 --       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra),
---       limit, period (µs), burst, stop_increment_when_over_limit ('1'/'0').
+--       limit, period (µs), burst, stop_increment_when_over_limit ('1'/'0');
+--   then per check: its rule (1-based index into those rules) and its cost.
 -- Checks are decided in order against a per-call state cache; nothing is written
 -- until every check is decided. Returns 5 integers per limit:
 --   allowed (1/0), remaining, reset_after, retry_after, used.
@@ -18,7 +19,6 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local commit = ARGV[2] == '1'
-local checks = tonumber(ARGV[3])
 
 -- key -> { kind, state, orig, foreign, dirty }
 local cache = {}
@@ -50,37 +50,37 @@ local function load(key, kind)
   return entry
 end
 
--- The quota of the limit whose five arguments start at ARGV[a]. The checks of a batch
--- mostly share a rule: a limit with the previous limit's arguments (compared as
--- interned strings) shares its quota table, which nothing writes to.
-local last_limit, last_period, last_burst, last_stop, last_q
-local function quota_at(a)
-  local limit, period, burst, stop = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  if limit ~= last_limit or period ~= last_period or burst ~= last_burst or stop ~= last_stop then
-    last_limit, last_period, last_burst, last_stop = limit, period, burst, stop
-    last_q = { limit = tonumber(limit), period = tonumber(period),
-               burst = tonumber(burst), stop = stop == '1' }
+-- The rules of this call's checks, each listed once: the checks of a batch mostly
+-- share a rule, so its numbers are sent and parsed once per call, not once per check.
+local rules = {}
+local a = 4
+for r = 1, tonumber(ARGV[3]) do
+  local n = tonumber(ARGV[a])
+  local kinds, quotas = {}, {}
+  for i = 1, n do
+    kinds[i] = tonumber(ARGV[a + 1])
+    quotas[i] = { limit = tonumber(ARGV[a + 2]), period = tonumber(ARGV[a + 3]),
+                  burst = tonumber(ARGV[a + 4]), stop = ARGV[a + 5] == '1' }
+    a = a + 5
   end
-  return last_q
+  rules[r] = { n = n, kinds = kinds, quotas = quotas }
+  a = a + 1
 end
 
--- One check's limits, reused from check to check (entries 1..n are the current ones).
-local keys, kinds, quotas, nexts = {}, {}, {}, {}
 local out = {}
-local a, k = 4, 1
-for _ = 1, checks do
-  local cost = tonumber(ARGV[a])
-  local n = tonumber(ARGV[a + 1])
-  a = a + 2
-  for i = 1, n do
-    keys[i], kinds[i], quotas[i], nexts[i] = KEYS[k], tonumber(ARGV[a]), quota_at(a), false
-    a = a + 5
-    k = k + 1
-  end
+local k = 1
+local nexts = {}
+for c = a, #ARGV, 2 do
+  local rule = rules[tonumber(ARGV[c])]
+  local cost = tonumber(ARGV[c + 1])
+  local n, kinds, quotas = rule.n, rule.kinds, rule.quotas
+  local first = k
+  k = k + n
+  for i = 1, n do nexts[i] = false end
   local all_allowed = true
   for i = 1, n do
     local kind, q = kinds[i], quotas[i]
-    local entry = load(keys[i], kind)
+    local entry = load(KEYS[first + i - 1], kind)
     local state = entry.state
     local algo = ALGOS[kind]
     -- A state past its expiry answers as fresh (the memory store's rule).
@@ -99,7 +99,7 @@ for _ = 1, checks do
   if commit and (all_allowed or n == 1) then
     for i = 1, n do
       if nexts[i] then
-        local entry = cache[keys[i]]
+        local entry = cache[KEYS[first + i - 1]]
         entry.state = nexts[i]
         entry.dirty = true
         entry.q = quotas[i]

@@ -248,6 +248,67 @@ async fn unreadable_stored_values_read_as_fresh_states() {
     }
 }
 
+/// States whose numbers pass 2^53 (costs near `u64::MAX` come from `hits_addend`) are
+/// written in a form that reads back as the same large numbers: never as a wrapped,
+/// negative count that would admit what the limit refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_with_numbers_past_2_pow_53_read_back_large() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let now: Micros = 1_800_000_000_000_000;
+    // Past 2^63 too, where a C long (what Lua's '%d' formats) would overflow.
+    let big = u64::MAX;
+    let mut case = 1_000u128;
+    for algorithm in [
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindow,
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+    ] {
+        case += 1;
+        let key = CounterKey(case);
+        let check = |cost: u64| StoreCheck {
+            key,
+            limits: vec![LimitCheck {
+                algorithm,
+                quota: Quota {
+                    limit: big,
+                    period: 1_000_000,
+                    burst: big,
+                    stop_increment_when_over_limit: false,
+                },
+            }],
+            cost,
+        };
+        let decide = |cost: u64| {
+            let redis = &redis;
+            async move {
+                let mut decisions = Vec::new();
+                redis
+                    .check_at(&[check(cost)], true, now, &mut decisions)
+                    .await
+                    .unwrap_or_else(|e| panic!("{algorithm:?}, cost {cost}: {e}"));
+                decisions[0]
+            }
+        };
+        assert!(
+            decide(big / 2).await.allowed,
+            "{algorithm:?}: half the limit"
+        );
+        let name = sluice::store::redis::script::limit_key(key, 0);
+        let stored = server.cli(&["GET", &name]);
+        assert!(
+            !stored.contains('-'),
+            "{algorithm:?}: stored state {stored:?} has a negative number"
+        );
+        let over = decide(big / 2 + big / 4).await;
+        assert!(
+            !over.allowed,
+            "{algorithm:?}: three quarters more: {over:?}"
+        );
+    }
+}
+
 trait NowValue {
     fn now_value(&self) -> Micros;
 }

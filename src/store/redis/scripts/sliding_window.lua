@@ -37,7 +37,12 @@ ALGOS[2] = {
     local ws, prev, curr = numbers(raw, '^w (%S+) (%S+) (%S+)$')
     if ws and prev and curr then return { ws = ws, prev = prev, curr = curr } end
   end,
-  encode = function(s) return string.format('w %.0f %.0f %.0f', s.ws, s.prev, s.curr) end,
+  encode = function(s)
+    if small_int(s.ws) and small_int(s.prev) and small_int(s.curr) then
+      return string.format('w %d %d %d', s.ws, s.prev, s.curr)
+    end
+    return string.format('w %.0f %.0f %.0f', s.ws, s.prev, s.curr)
+  end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local period = q.period

@@ -39,7 +39,13 @@ ALGOS[4] = {
     local deficit, last = numbers(raw, '^t (%S+) (%S+)$')
     if deficit and last then return { deficit = deficit, last = last } end
   end,
-  encode = function(s) return string.format('t %.17g %.0f', s.deficit, s.last) end,
+  encode = function(s)
+    -- A whole deficit (whole costs, not yet drained) prints as '%.17g' would print it.
+    if small_int(s.deficit) and small_int(s.last) then
+      return string.format('t %d %d', s.deficit, s.last)
+    end
+    return string.format('t %.17g %.0f', s.deficit, s.last)
+  end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local deficit = tb_deficit_at(s, now, q)
@@ -66,12 +72,16 @@ ALGOS[4] = {
     local deficit_after = deficit
     if changed then deficit_after = next.deficit end
     local reset_after = tb_drained_after(next, now, deficit_after, q)
+    -- A charged state dated now expires after exactly reset_after: expires_at() would
+    -- make the same call again when the state is written, so it reads this instead.
+    if changed and next.last == now then next.expires, next.expires_q = now + reset_after, q end
     local remaining = 0
     if allowed then remaining = to_u64(floor(q.burst - deficit_after)) end
     local d = { allowed, remaining, reset_after, retry, to_u64(ceil(deficit + cost)) }
     return d, next, changed
   end,
   expires_at = function(s, q)
+    if s.expires_q == q then return s.expires end
     if is_invalid(q) or s.deficit <= 0 then return s.last end
     return s.last + tb_drained_after(s, s.last, s.deficit, q)
   end,

@@ -116,12 +116,14 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     if jobs.is_empty() {
         return;
     }
-    // (commit, slot) → the (job, check) pairs of that group, in arrival order.
+    // (commit, slot) → the checks of that group, in arrival order: (job, check, where the
+    // check's decisions go in its job's answer).
     let mut index: HashMap<(bool, u16), usize> = HashMap::new();
-    let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut groups: Vec<Vec<Member>> = Vec::new();
     let mut commits: Vec<bool> = Vec::new();
     let mut size = 0u64;
     for (j, job) in jobs.iter().enumerate() {
+        let mut offset = 0;
         for (c, check) in job.checks.iter().enumerate() {
             size += 1;
             let slot = if shared.nodes.clustered() {
@@ -134,7 +136,12 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                 commits.push(job.commit);
                 groups.len() - 1
             });
-            groups[group].push((j, c));
+            groups[group].push(Member {
+                job: j,
+                check: c,
+                offset,
+            });
+            offset += check.limits.len();
         }
     }
     shared.metrics.batch_size.observe(size as f64);
@@ -143,7 +150,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         .zip(&commits)
         .map(|(members, commit)| {
             Call::new(
-                members.iter().map(|&(j, c)| &jobs[j].checks[c]),
+                members.iter().map(|m| &jobs[m.job].checks[m.check]),
                 *commit,
                 None,
             )
@@ -161,46 +168,62 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         })
         .collect();
     drop(topology);
-    // Per job: its decisions per check (or its first error), and the checks not back.
-    let mut answers: Vec<Result<Vec<Option<Vec<Decision>>>, StoreError>> = jobs
+    // Per job: its decisions, one per limit in request order (or its first error), and
+    // the number of its checks not back yet.
+    let mut answers: Vec<Result<Vec<Decision>, StoreError>> = jobs
         .iter()
-        .map(|job| Ok(vec![None; job.checks.len()]))
+        .map(|job| {
+            let limits = job.checks.iter().map(|check| check.limits.len()).sum();
+            Ok(vec![Decision::default(); limits])
+        })
         .collect();
     let mut waiting: Vec<usize> = jobs.iter().map(|job| job.checks.len()).collect();
-    let mut replies: Vec<Option<_>> = jobs.iter_mut().map(|job| job.reply.take()).collect();
     while let Some((group, result)) = pending.next().await {
         let members = &groups[group];
         match result {
             Ok(decisions) => {
                 let mut rest = decisions.as_slice();
-                for &(j, c) in members {
-                    let n = jobs[j].checks[c].limits.len().min(rest.len());
-                    let (mine, tail) = rest.split_at(n);
+                for member in members {
+                    let n = jobs[member.job].checks[member.check].limits.len();
+                    let (mine, tail) = rest.split_at(n.min(rest.len()));
                     rest = tail;
-                    if let Ok(slots) = &mut answers[j] {
-                        slots[c] = Some(mine.to_vec());
+                    if mine.len() < n {
+                        answers[member.job] = Err(StoreError::Protocol(
+                            "script reply shorter than its checks".into(),
+                        ));
+                    } else if let Ok(answer) = &mut answers[member.job] {
+                        answer[member.offset..member.offset + n].copy_from_slice(mine);
                     }
                 }
             }
             Err(error) => {
-                for &(j, _) in members {
-                    if answers[j].is_ok() {
-                        answers[j] = Err(error.clone());
+                for member in members {
+                    if answers[member.job].is_ok() {
+                        answers[member.job] = Err(error.clone());
                     }
                 }
             }
         }
-        for &(j, _) in members {
+        for member in members {
+            let j = member.job;
             waiting[j] -= 1;
             if waiting[j] == 0 {
-                let answer = std::mem::replace(&mut answers[j], Ok(Vec::new()))
-                    .map(|slots| slots.into_iter().flatten().flatten().collect());
-                if let Some(reply) = replies[j].take() {
-                    let _ = reply.send(answer);
+                if let Some(reply) = jobs[j].reply.take() {
+                    let _ = reply.send(std::mem::replace(&mut answers[j], Ok(Vec::new())));
                 }
             }
         }
     }
+}
+
+/// One check of a batch's script call.
+struct Member {
+    /// Its job, by index in the batch.
+    job: usize,
+    /// Its index among that job's checks.
+    check: usize,
+    /// Where its decisions go in the job's answer (limits of the job's earlier checks).
+    offset: usize,
 }
 
 /// Runs `calls` of the main script at once, each on the node of its slot (see

@@ -135,7 +135,7 @@ if dirty then
     redis.call('DEL', key)
   else
     local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
-    redis.call('SET', key, algo.encode(state), 'PX', ttl_ms)
+    redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
   end
 end
 

@@ -120,7 +120,7 @@ for _, key in ipairs(order) do
       if algo.store then
         algo.store(key, entry.orig, entry.foreign, entry.state, ttl_ms)
       else
-        redis.call('SET', key, algo.encode(entry.state), 'PX', ttl_ms)
+        redis.call('SET', key, algo.encode(entry.state), 'PX', int(ttl_ms))
       end
     end
   end

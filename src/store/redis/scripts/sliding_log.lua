@@ -45,7 +45,7 @@ ALGOS[3] = {
         redis.call('ZADD', key, int(run.at), sl_member(run))
       end
     end
-    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('PEXPIRE', key, int(ttl_ms))
   end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end

@@ -38,8 +38,18 @@ impl Meters {
     /// Counts one check of `key` at `now`; whether the key is hot (this second or the
     /// previous one reached the rate).
     pub fn hot(&self, key: CounterKey, now: Micros) -> bool {
-        let index = (key.0 as usize ^ (key.0 >> 64) as usize) % METERS;
-        self.count(&self.cells[index], now / MICROS_PER_SECOND)
+        self.count(&self.cells[meter_of(key)], now / MICROS_PER_SECOND)
+    }
+
+    /// Whether `key` is hot at `now`, as [`Self::hot`] would say, without counting.
+    pub fn is_hot(&self, key: CounterKey, now: Micros) -> bool {
+        let current = self.cells[meter_of(key)].load(Ordering::Relaxed);
+        let second = (now / MICROS_PER_SECOND) & (u64::MAX >> SECOND_SHIFT);
+        let count = current & COUNT_MASK;
+        match current >> SECOND_SHIFT {
+            stored if stored == second => current & WAS_HOT != 0 || count >= self.min_rate,
+            stored => second == stored + 1 && count >= self.min_rate,
+        }
     }
 
     fn count(&self, meter: &AtomicU64, second: u64) -> bool {
@@ -62,6 +72,11 @@ impl Meters {
     }
 }
 
+/// The meter `key` counts on.
+fn meter_of(key: CounterKey) -> usize {
+    (key.0 as usize ^ (key.0 >> 64) as usize) % METERS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +90,20 @@ mod tests {
         assert_eq!(hot, [false, false, false, false, true]);
         assert!(meters.hot(key, second(8)), "still hot the next second");
         assert!(!meters.hot(key, second(10)), "cold after a quiet second");
+    }
+
+    #[test]
+    fn is_hot_reads_what_hot_would_say_without_counting() {
+        let meters = Meters::new(3);
+        let key = CounterKey(7);
+        let second = |s: u64| s * MICROS_PER_SECOND;
+        assert!(!meters.is_hot(key, second(1)));
+        meters.hot(key, second(1));
+        meters.hot(key, second(1));
+        assert!(!meters.is_hot(key, second(1)), "reading does not count");
+        assert!(meters.hot(key, second(1)));
+        assert!(meters.is_hot(key, second(1)));
+        assert!(meters.is_hot(key, second(2)), "hot the next second");
+        assert!(!meters.is_hot(key, second(3)), "cold after a quiet second");
     }
 }

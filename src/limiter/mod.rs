@@ -298,6 +298,9 @@ impl<S: Store> Limiter<S> {
             let item = pending.remove(position);
             let check = checks.remove(position);
             if let Some(blocked) = blocked {
+                if self.precheck_on && !item.rule.shadow_mode {
+                    self.precheck.count(check.key, now);
+                }
                 let index = item.index;
                 any_blocked = true;
                 let decision = blocked.decision_at(now);

@@ -5,10 +5,12 @@
 //!
 //! Only for stores shared with other instances: with the memory store the store *is*
 //! local memory. Which keys: a key is hot once this instance sees [`MIN_RATE`] checks
-//! of it within a second (allocation-free [`Meters`]); from then on its admitted units
-//! are charged locally (starting from nothing, which is sound: a subset of the store's
-//! charges). Hot keys live in a bounded moka cache ([`DEFAULT_CAPACITY`] keys) whose
-//! TinyLFU admission keeps the most used ones when it is full.
+//! of it within a second (allocation-free [`Meters`], which count every check, the ones
+//! the blocked-until cache answers included); while it is hot its admitted units are
+//! charged locally (starting from nothing, which is sound: a subset of the store's
+//! charges), and a key that is not hot is not even looked up. Hot keys live in a
+//! bounded moka cache ([`DEFAULT_CAPACITY`] keys) whose TinyLFU admission keeps the most
+//! used ones when it is full.
 //!
 //! Why it never refuses a request the store would admit (per limit; a rule refuses when
 //! any of its limits does, as the store does). Let the store's clock run at the rate of
@@ -93,15 +95,15 @@ impl Precheck {
         cost: u64,
         now: Micros,
     ) -> Option<(usize, Decision)> {
-        if cost == 0 {
+        // Only hot keys have entries worth a cache lookup (an entry of a key gone cold
+        // is skipped, and not charged either: a subset of charges is always sound).
+        if cost == 0 || !self.meters.hot(counter, now) {
             return None;
         }
         let key = (counter, fingerprint(limits));
         let Some(entry) = self.cache.get(&key) else {
-            if self.meters.hot(counter, now) {
-                let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
-                self.cache.insert(key, Arc::new(Mutex::new(views)));
-            }
+            let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
+            self.cache.insert(key, Arc::new(Mutex::new(views)));
             return None;
         };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -129,6 +131,13 @@ impl Precheck {
         None
     }
 
+    /// Counts a check of `counter` at `now` that was answered before reaching the
+    /// pre-check (by the blocked-until cache), so that a key kept refused locally stays
+    /// hot and its entry in use.
+    pub fn count(&self, counter: CounterKey, now: Micros) {
+        self.meters.hot(counter, now);
+    }
+
     /// Charges `cost`, which the store admitted on every limit (`decisions`, one per
     /// limit) for a call sent at `sent`.
     pub fn charge(
@@ -139,7 +148,11 @@ impl Precheck {
         sent: Micros,
         decisions: &[Decision],
     ) {
-        if cost == 0 || decisions.len() != limits.len() || decisions.iter().any(|d| !d.allowed) {
+        if cost == 0
+            || decisions.len() != limits.len()
+            || decisions.iter().any(|d| !d.allowed)
+            || !self.meters.is_hot(counter, sent)
+        {
             return;
         }
         let Some(entry) = self.cache.get(&(counter, fingerprint(limits))) else {

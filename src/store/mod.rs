@@ -13,7 +13,7 @@ use crate::algorithm::{AlgorithmKind, Decision, Micros, Quota};
 pub use key::{CounterKey, LimitKey};
 
 /// One limit to decide within a [`StoreCheck`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LimitCheck {
     /// Algorithm of the limit.
     pub algorithm: AlgorithmKind,

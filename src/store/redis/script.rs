@@ -8,6 +8,7 @@
 //! per check its rule's index and its cost.
 //! The reply is five integers per limit.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use std::io::Write;
@@ -149,19 +150,26 @@ impl Call {
         let flag = |on: bool| Value::Integer(i64::from(on));
         let mut keys: Vec<Value> = Vec::new();
         let mut rules: Vec<&'a [LimitCheck]> = Vec::new();
+        // A rule's index in `rules`; consecutive checks mostly share a rule, so the
+        // previous check's is tried before hashing (a batch can hold many rules).
+        let mut rule_index: HashMap<&'a [LimitCheck], usize> = HashMap::new();
+        let mut previous: Option<(&'a [LimitCheck], usize)> = None;
         // Per check: its rule's index (1-based, as Lua counts) and its cost.
         let mut tail: Vec<Value> = Vec::new();
         let mut limits = 0;
         let mut key_buffer = BytesMut::new();
         for check in checks {
-            let rule = match rules
-                .iter()
-                .position(|rule| *rule == check.limits.as_slice())
-            {
-                Some(index) => index,
-                None => {
-                    rules.push(&check.limits);
-                    rules.len() - 1
+            let limits_of_check = check.limits.as_slice();
+            let rule = match previous {
+                Some((limits, index)) if limits == limits_of_check => index,
+                _ => {
+                    let next = rules.len();
+                    let index = *rule_index.entry(limits_of_check).or_insert(next);
+                    if index == next {
+                        rules.push(limits_of_check);
+                    }
+                    previous = Some((limits_of_check, index));
+                    index
                 }
             };
             tail.push(number(rule as u64 + 1));

@@ -68,6 +68,13 @@ local function small_int(x)
   return x == floor(x) and x < TWO53 and x > -TWO53
 end
 
+-- `a` and `b` formatted with `fast` (its fields '%d') when both are small integers, else
+-- with `exact`, which prints any double exactly.
+local function format_pair(fast, exact, a, b)
+  if small_int(a) and small_int(b) then return string.format(fast, a, b) end
+  return string.format(exact, a, b)
+end
+
 -- Encodes an integer exactly (tostring would print only 14 digits).
 local function int(x)
   if small_int(x) then return string.format('%d', x) end

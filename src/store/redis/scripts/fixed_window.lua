@@ -5,12 +5,7 @@ ALGOS[1] = {
     local ws, count = numbers(raw, '^f (%S+) (%S+)$')
     if ws and count then return { ws = ws, count = count } end
   end,
-  encode = function(s)
-    if small_int(s.ws) and small_int(s.count) then
-      return string.format('f %d %d', s.ws, s.count)
-    end
-    return string.format('f %.0f %.0f', s.ws, s.count)
-  end,
+  encode = function(s) return format_pair('f %d %d', 'f %.0f %.0f', s.ws, s.count) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local ws = now - fmod(now, q.period)

@@ -44,12 +44,7 @@ ALGOS[5] = {
     local tat, frac = numbers(raw, '^g (%S+) (%S+)$')
     if tat and frac then return { tat = tat, frac = frac } end
   end,
-  encode = function(s)
-    if small_int(s.tat) and small_int(s.frac) then
-      return string.format('g %d %d', s.tat, s.frac)
-    end
-    return string.format('g %.0f %.0f', s.tat, s.frac)
-  end,
+  encode = function(s) return format_pair('g %d %d', 'g %.0f %.0f', s.tat, s.frac) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local now_m = { us = now, frac = 0 }

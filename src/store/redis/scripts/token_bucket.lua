@@ -39,13 +39,8 @@ ALGOS[4] = {
     local deficit, last = numbers(raw, '^t (%S+) (%S+)$')
     if deficit and last then return { deficit = deficit, last = last } end
   end,
-  encode = function(s)
-    -- A whole deficit (whole costs, not yet drained) prints as '%.17g' would print it.
-    if small_int(s.deficit) and small_int(s.last) then
-      return string.format('t %d %d', s.deficit, s.last)
-    end
-    return string.format('t %.17g %.0f', s.deficit, s.last)
-  end,
+  -- A whole deficit (whole costs, not yet drained) prints with '%d' as '%.17g' would.
+  encode = function(s) return format_pair('t %d %d', 't %.17g %.0f', s.deficit, s.last) end,
   decide = function(s, now, cost, q)
     if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local deficit = tb_deficit_at(s, now, q)

@@ -273,7 +273,8 @@ impl Harness {
                     burst: limit,
                     stop_increment_when_over_limit: false,
                 },
-            }],
+            }]
+            .into(),
             cost: hits,
         };
         let mut decisions = Vec::new();

@@ -53,7 +53,8 @@ fn check(key: u128, algorithm: AlgorithmKind, cost: u64) -> StoreCheck {
                 burst: 100,
                 stop_increment_when_over_limit: false,
             },
-        }],
+        }]
+        .into(),
         cost,
     }
 }

@@ -50,7 +50,8 @@ async fn memory_usage_per_key() {
                     burst: 1000,
                     stop_increment_when_over_limit: false,
                 },
-            }],
+            }]
+            .into(),
             cost: 1,
         };
         for _ in 0..requests {

@@ -97,7 +97,7 @@ async fn lua_mirrors_rust_on_random_sequences() {
             };
             let check = StoreCheck {
                 key,
-                limits: limits.clone(),
+                limits: limits.clone().into(),
                 cost,
             };
             let peek = rng.below(8) == 0;
@@ -161,7 +161,7 @@ async fn one_call_decides_many_checks_in_order() {
                     let i = rng.below(3) as usize;
                     StoreCheck {
                         key: keys[i],
-                        limits: specs[i].clone(),
+                        limits: specs[i].clone().into(),
                         cost: rng.below(4),
                     }
                 })
@@ -220,7 +220,8 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                         burst: 5,
                         stop_increment_when_over_limit: false,
                     },
-                }],
+                }]
+                .into(),
                 cost: 2,
             };
             let name = sluice::store::redis::script::limit_key(key, 0);
@@ -277,7 +278,8 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
                     burst: big,
                     stop_increment_when_over_limit: false,
                 },
-            }],
+            }]
+            .into(),
             cost,
         };
         let decide = |cost: u64| {

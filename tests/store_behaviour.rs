@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::sync::Arc;
+
 use sluice::algorithm::{AlgorithmKind, Decision, Quota};
 use sluice::clock::SystemClock;
 use sluice::rules::Entry;
@@ -55,7 +57,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
     for kind in KINDS {
         let check = StoreCheck {
             key: key(run, kind.as_str()),
-            limits: vec![limit(kind, 5, 5)],
+            limits: vec![limit(kind, 5, 5)].into(),
             cost: 1,
         };
         let mut allowed = 0;
@@ -71,7 +73,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         let k = key(run, &format!("cost-{}", kind.as_str()));
         let probe = StoreCheck {
             key: k,
-            limits: vec![limit(kind, 10, 10)],
+            limits: vec![limit(kind, 10, 10)].into(),
             cost: 0,
         };
         let heavy = StoreCheck {
@@ -101,7 +103,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         let k = key(run, &format!("multi-{}", kind.as_str()));
         let check = StoreCheck {
             key: k,
-            limits: vec![limit(kind, 3, 3), limit(AlgorithmKind::FixedWindow, 10, 10)],
+            limits: vec![limit(kind, 3, 3), limit(AlgorithmKind::FixedWindow, 10, 10)].into(),
             cost: 1,
         };
         for i in 0..6 {
@@ -122,7 +124,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
     // A single fixed window counts refused hits (the reference's behaviour).
     let check = StoreCheck {
         key: key(run, "fixed-refused"),
-        limits: vec![limit(AlgorithmKind::FixedWindow, 2, 2)],
+        limits: vec![limit(AlgorithmKind::FixedWindow, 2, 2)].into(),
         cost: 1,
     };
     let mut used = Vec::new();
@@ -137,7 +139,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
     let checks: Vec<StoreCheck> = (0..40)
         .map(|i| StoreCheck {
             key: key(run, &format!("spread-{}", i % 25)),
-            limits: vec![limit(KINDS[i % 5], 1, 1)],
+            limits: vec![limit(KINDS[i % 5], 1, 1)].into(),
             cost: 1,
         })
         .collect();
@@ -207,7 +209,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
         &[],
     );
     assert_ne!(limit_key(joined, 0), limit_key(split, 0));
-    let limits = vec![limit(AlgorithmKind::FixedWindow, 3, 3)];
+    let limits: Arc<[LimitCheck]> = vec![limit(AlgorithmKind::FixedWindow, 3, 3)].into();
     let drain = StoreCheck {
         key: joined,
         limits: limits.clone(),

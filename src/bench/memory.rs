@@ -45,7 +45,8 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
             burst: 100,
             stop_increment_when_over_limit: false,
         },
-    }];
+    }]
+    .into();
     let mut check = StoreCheck {
         key: CounterKey(0),
         limits,

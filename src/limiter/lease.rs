@@ -217,7 +217,7 @@ impl Leases {
 
     /// Units to lease for this check at `now`, or `None` to go to the store unleased.
     pub fn size(&self, lease: &Lease, check: &StoreCheck, now: Micros) -> Option<u64> {
-        let [limit] = check.limits.as_slice() else {
+        let [limit] = &check.limits[..] else {
             return None;
         };
         if check.cost == 0 || limit.algorithm == AlgorithmKind::SlidingLog {
@@ -310,7 +310,8 @@ mod tests {
                     burst: 100,
                     stop_increment_when_over_limit: false,
                 },
-            }],
+            }]
+            .into(),
             cost,
         }
     }

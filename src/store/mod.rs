@@ -8,6 +8,7 @@ pub mod memory;
 pub mod redis;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros, Quota};
 pub use key::{CounterKey, LimitKey};
@@ -26,8 +27,9 @@ pub struct LimitCheck {
 pub struct StoreCheck {
     /// Identity of the descriptor's counters.
     pub key: CounterKey,
-    /// The limits, in rule order. Limit `i` lives at `key.for_limit(i)`.
-    pub limits: Vec<LimitCheck>,
+    /// The limits, in rule order. Limit `i` lives at `key.for_limit(i)`. Shared, so a
+    /// store that hands checks to another task (the Redis batcher) copies no list.
+    pub limits: Arc<[LimitCheck]>,
     /// Units this request costs (0 = check without charging).
     pub cost: u64,
 }

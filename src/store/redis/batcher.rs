@@ -36,6 +36,9 @@ use crate::telemetry::Metrics;
 /// Most batches in flight at once.
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// Jobs a batch vector first has room for.
+const TYPICAL_BATCH: usize = 16;
+
 /// A request's checks waiting for a batch.
 pub struct Job {
     /// The checks, in request order.
@@ -49,9 +52,14 @@ pub struct Job {
     pub deadline: Instant,
 }
 
-/// Hash slot of a check's keys (all limits of a descriptor share it).
-pub fn slot_of(check: &StoreCheck) -> u16 {
-    script::slot(check.key)
+/// Hash slot of a check's keys (all limits of a descriptor share it); 0 where one node
+/// serves every slot (standalone, Sentinel), which spares the CRC.
+pub fn slot_of(nodes: &Nodes, check: &StoreCheck) -> u16 {
+    if nodes.clustered() {
+        script::slot(check.key)
+    } else {
+        0
+    }
 }
 
 /// What every batch needs.
@@ -78,7 +86,9 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
             return;
         };
         let mut size = first.checks.len();
-        let mut batch = vec![first];
+        // Sized for the jobs already queued (at least a typical batch), so it seldom grows.
+        let mut batch = Vec::with_capacity((jobs.len() + 1).max(TYPICAL_BATCH).min(shared.max));
+        batch.push(first);
         // A lone call with no batch in flight finds Redis idle: waiting would only add
         // latency (one caller would pay the whole window on every call), so it goes at
         // once. When other calls are queued or batches are in flight, more are coming,
@@ -121,18 +131,15 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     let mut index: HashMap<(bool, u16), usize> = HashMap::new();
     let mut groups: Vec<Vec<Member>> = Vec::new();
     let mut commits: Vec<bool> = Vec::new();
-    let mut size = 0u64;
+    let total: usize = jobs.iter().map(|job| job.checks.len()).sum();
+    let mut placed = 0;
     for (j, job) in jobs.iter().enumerate() {
         let mut offset = 0;
         for (c, check) in job.checks.iter().enumerate() {
-            size += 1;
-            let slot = if shared.nodes.clustered() {
-                slot_of(check)
-            } else {
-                0
-            };
+            let slot = slot_of(&shared.nodes, check);
             let group = *index.entry((job.commit, slot)).or_insert_with(|| {
-                groups.push(Vec::new());
+                // Room for every check still to place: one group (a single node) never grows.
+                groups.push(Vec::with_capacity(total - placed));
                 commits.push(job.commit);
                 groups.len() - 1
             });
@@ -141,10 +148,11 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                 check: c,
                 offset,
             });
+            placed += 1;
             offset += check.limits.len();
         }
     }
-    shared.metrics.batch_size.observe(size as f64);
+    shared.metrics.batch_size.observe(total as f64);
     let calls: Vec<Call> = groups
         .iter()
         .zip(&commits)

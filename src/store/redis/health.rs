@@ -5,9 +5,10 @@
 //! Which node serves a call comes from [`super::nodes`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use fred::prelude::{Client, EventInterface};
 
 use super::client::classify;
@@ -20,8 +21,11 @@ use crate::telemetry::{Metrics, NodeLabel, StateLabel};
 pub struct Health {
     /// Thresholds of every breaker.
     settings: BreakerSettings,
-    /// Breaker per node name, created closed on first use.
-    breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
+    /// Breaker per node name, created closed on first use. Read on every call without a
+    /// lock; replaced whole (copied) only when a node is added or dropped.
+    breakers: ArcSwap<HashMap<Arc<str>, Arc<Breaker>>>,
+    /// Serialises those replacements.
+    writer: Mutex<()>,
     /// Breaker state gauge and transition counter.
     metrics: Arc<Metrics>,
 }
@@ -33,7 +37,8 @@ impl Health {
     pub fn new(settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
         Self {
             settings,
-            breakers: Mutex::default(),
+            breakers: ArcSwap::default(),
+            writer: Mutex::new(()),
             metrics,
         }
     }
@@ -41,20 +46,28 @@ impl Health {
     /// Whether a call touching `nodes` may go to Redis now; otherwise the error that
     /// sends it to the failure mode at once.
     pub fn allow<'a>(&self, nodes: impl Iterator<Item = &'a Arc<str>>) -> Result<(), StoreError> {
-        let now = Instant::now();
-        let mut seen: Vec<&Arc<str>> = Vec::new();
+        // A closed breaker lets every call through and keeps no state for it, so the
+        // common case reads neither the clock nor a list; nodes whose breaker is open or
+        // half-open are asked once per call (asking again could take a second probe).
+        let mut now = None;
+        let mut asked: Vec<&Arc<str>> = Vec::new();
         for node in nodes {
-            if seen.contains(&node) {
+            let verdict = self.with_breaker(node, |breaker| {
+                if breaker.state() == BreakerState::Closed || asked.contains(&node) {
+                    return None;
+                }
+                Some(breaker.allow(*now.get_or_insert_with(Instant::now)))
+            });
+            let Some((allowed, transition)) = verdict else {
                 continue;
-            }
-            let (allowed, transition) = self.breaker(node).allow(now);
+            };
             if let Some(transition) = transition {
                 self.report(node, transition, None);
             }
             if !allowed {
                 return Err(StoreError::BreakerOpen(node.to_string()));
             }
-            seen.push(node);
+            asked.push(node);
         }
         Ok(())
     }
@@ -62,19 +75,32 @@ impl Health {
     /// Records the outcome of one script call on `node`.
     pub fn record(&self, node: &Arc<str>, outcome: Result<(), &StoreError>) {
         let now = Instant::now();
-        if let Some(transition) = self.breaker(node).record(outcome.is_ok(), now) {
+        if let Some(transition) =
+            self.with_breaker(node, |breaker| breaker.record(outcome.is_ok(), now))
+        {
             self.report(node, transition, outcome.err());
         }
     }
 
-    /// The breaker of `node`.
-    fn breaker(&self, node: &Arc<str>) -> Arc<Breaker> {
-        let mut breakers = self.lock();
-        if let Some(breaker) = breakers.get(node) {
+    /// `f` of the breaker of `node`, made (closed) on first use.
+    fn with_breaker<T>(&self, node: &Arc<str>, f: impl FnOnce(&Breaker) -> T) -> T {
+        if let Some(breaker) = self.breakers.load().get(node) {
+            return f(breaker);
+        }
+        f(&self.add_breaker(node))
+    }
+
+    /// A closed breaker for `node` (or the one another call made meanwhile).
+    fn add_breaker(&self, node: &Arc<str>) -> Arc<Breaker> {
+        let _writer = self.write();
+        let current = self.breakers.load_full();
+        if let Some(breaker) = current.get(node) {
             return breaker.clone();
         }
         let breaker = Arc::new(Breaker::new(self.settings));
-        breakers.insert(node.clone(), breaker.clone());
+        let mut next = HashMap::clone(&current);
+        next.insert(node.clone(), breaker.clone());
+        self.breakers.store(Arc::new(next));
         self.metrics
             .breaker_state
             .get_or_create(&NodeLabel { node: node.clone() })
@@ -121,17 +147,28 @@ impl Health {
     /// nodes that left it (after a failover) are dropped here, with their gauge.
     pub fn status(&self, topology: &Topology, connected: bool) -> StoreStatus {
         let now = Instant::now();
-        let mut breakers = self.lock();
         let current = |name: &Arc<str>| topology.nodes().iter().any(|node| node.name == *name);
-        breakers.retain(|name, _| {
-            let keep = current(name);
-            if !keep {
-                self.metrics
-                    .breaker_state
-                    .remove(&NodeLabel { node: name.clone() });
+        let breakers = {
+            let _writer = self.write();
+            let breakers = self.breakers.load_full();
+            if breakers.keys().all(current) {
+                breakers
+            } else {
+                let mut kept = HashMap::clone(&breakers);
+                kept.retain(|name, _| {
+                    let keep = current(name);
+                    if !keep {
+                        self.metrics
+                            .breaker_state
+                            .remove(&NodeLabel { node: name.clone() });
+                    }
+                    keep
+                });
+                let kept = Arc::new(kept);
+                self.breakers.store(kept.clone());
+                kept
             }
-            keep
-        });
+        };
         let mut views: Vec<(Arc<str>, BreakerView)> = topology
             .nodes()
             .iter()
@@ -187,8 +224,9 @@ impl Health {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Breaker>>> {
-        self.breakers
+    /// Held while the breaker map is replaced.
+    fn write(&self) -> MutexGuard<'_, ()> {
+        self.writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }

@@ -37,7 +37,7 @@ fn algorithm_code(kind: AlgorithmKind) -> Option<u8> {
 /// The lease call for `request`; `now` overrides Redis `TIME` (tests only).
 fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError> {
     let check = &request.check;
-    let [limit] = check.limits.as_slice() else {
+    let [limit] = &check.limits[..] else {
         return Err(StoreError::Protocol(format!(
             "a lease covers one limit, not {}",
             check.limits.len()

@@ -148,10 +148,11 @@ impl RedisStore {
     /// that node's breaker lets calls through.
     fn allow(&self, checks: &[StoreCheck]) -> Result<(), StoreError> {
         let topology = self.shared.nodes.topology();
-        let node_of = |check: &StoreCheck| topology.route(batcher::slot_of(check));
+        let slot_of = |check: &StoreCheck| batcher::slot_of(&self.shared.nodes, check);
+        let node_of = |check: &StoreCheck| topology.route(slot_of(check));
         if let Some(check) = checks.iter().find(|check| node_of(check).is_none()) {
             self.shared.nodes.suspect();
-            return Err(batcher::unrouted(batcher::slot_of(check)));
+            return Err(batcher::unrouted(slot_of(check)));
         }
         let names = checks.iter().filter_map(node_of).map(|node| &node.name);
         let allowed = self.shared.health.allow(names);

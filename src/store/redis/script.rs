@@ -148,18 +148,21 @@ impl Call {
         now: Option<Micros>,
     ) -> Self {
         let flag = |on: bool| Value::Integer(i64::from(on));
-        let mut keys: Vec<Value> = Vec::new();
+        let checks = checks.into_iter();
+        // Sized for one limit per check, the common case.
+        let (expected, _) = checks.size_hint();
+        let mut keys: Vec<Value> = Vec::with_capacity(expected);
         let mut rules: Vec<&'a [LimitCheck]> = Vec::new();
         // A rule's index in `rules`; consecutive checks mostly share a rule, so the
         // previous check's is tried before hashing (a batch can hold many rules).
         let mut rule_index: HashMap<&'a [LimitCheck], usize> = HashMap::new();
         let mut previous: Option<(&'a [LimitCheck], usize)> = None;
         // Per check: its rule's index (1-based, as Lua counts) and its cost.
-        let mut tail: Vec<Value> = Vec::new();
+        let mut tail: Vec<Value> = Vec::with_capacity(2 * expected);
         let mut limits = 0;
         let mut key_buffer = BytesMut::new();
         for check in checks {
-            let limits_of_check = check.limits.as_slice();
+            let limits_of_check: &[LimitCheck] = &check.limits;
             let rule = match previous {
                 Some((limits, index)) if limits == limits_of_check => index,
                 _ => {

@@ -1,13 +1,14 @@
 //! The gRPC ceiling: Sluice's own gRPC stack (same server builder, same codec, same
-//! HTTP/2 settings) answering every call with a constant OK. Whatever this reaches on a
+//! HTTP/2 settings, same accept loop and socket options) answering every call with a
+//! constant OK. Whatever this reaches on a
 //! machine is the most any store can reach; targets are fractions of it.
 
 use std::future::Future;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
+use crate::listener::incoming;
 use crate::proto::rls::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -47,6 +48,6 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     grpc_server_builder()
         .add_service(RateLimitServiceServer::new(ConstantOk))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener, None), shutdown)
         .await
 }

@@ -114,7 +114,8 @@ impl StoreError {
 /// charges a refused request (the reference's behaviour) unless its quota says
 /// `stop_increment_when_over_limit`.
 pub trait Store: Send + Sync + 'static {
-    /// Decides `checks`, appending one decision per limit, in order, to `decisions`.
+    /// Decides `checks`, appending one decision per limit, in order, to `decisions`
+    /// (left empty or partly filled on an error).
     fn check(
         &self,
         checks: &[StoreCheck],

@@ -45,7 +45,10 @@ pub struct Job {
     pub checks: Vec<StoreCheck>,
     /// Charge (`true`) or peek.
     pub commit: bool,
-    /// Where the decisions (one per limit, in order) go; taken when answered. Closed
+    /// The caller's decisions so far; the job's (one per limit, in order) are appended
+    /// and the vector goes back through `reply`.
+    pub decisions: Vec<Decision>,
+    /// Where the decisions go; taken when answered. Closed
     /// when the caller gave up (its own deadline): such a job is never sent.
     pub reply: Option<oneshot::Sender<Result<Vec<Decision>, StoreError>>>,
     /// Past this instant the caller no longer waits: the job is dropped, not sent.
@@ -176,15 +179,18 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         })
         .collect();
     drop(topology);
-    // Per job: its decisions, one per limit in request order (or its first error), and
-    // the number of its checks not back yet.
-    let mut answers: Vec<Result<Vec<Decision>, StoreError>> = jobs
-        .iter()
+    // Per job: where its decisions start in its vector (room made for one per limit, in
+    // request order), its first error, and the number of its checks not back yet.
+    let bases: Vec<usize> = jobs
+        .iter_mut()
         .map(|job| {
-            let limits = job.checks.iter().map(|check| check.limits.len()).sum();
-            Ok(vec![Decision::default(); limits])
+            let base = job.decisions.len();
+            let limits: usize = job.checks.iter().map(|check| check.limits.len()).sum();
+            job.decisions.resize(base + limits, Decision::default());
+            base
         })
         .collect();
+    let mut failures: Vec<Option<StoreError>> = vec![None; jobs.len()];
     let mut waiting: Vec<usize> = jobs.iter().map(|job| job.checks.len()).collect();
     while let Some((group, result)) = pending.next().await {
         let members = &groups[group];
@@ -192,23 +198,23 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             Ok(decisions) => {
                 let mut rest = decisions.as_slice();
                 for member in members {
-                    let n = jobs[member.job].checks[member.check].limits.len();
+                    let job = &mut jobs[member.job];
+                    let n = job.checks[member.check].limits.len();
                     let (mine, tail) = rest.split_at(n.min(rest.len()));
                     rest = tail;
                     if mine.len() < n {
-                        answers[member.job] = Err(StoreError::Protocol(
+                        failures[member.job].get_or_insert(StoreError::Protocol(
                             "script reply shorter than its checks".into(),
                         ));
-                    } else if let Ok(answer) = &mut answers[member.job] {
-                        answer[member.offset..member.offset + n].copy_from_slice(mine);
+                    } else {
+                        let at = bases[member.job] + member.offset;
+                        job.decisions[at..at + n].copy_from_slice(mine);
                     }
                 }
             }
             Err(error) => {
                 for member in members {
-                    if answers[member.job].is_ok() {
-                        answers[member.job] = Err(error.clone());
-                    }
+                    failures[member.job].get_or_insert_with(|| error.clone());
                 }
             }
         }
@@ -217,7 +223,10 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             waiting[j] -= 1;
             if waiting[j] == 0 {
                 if let Some(reply) = jobs[j].reply.take() {
-                    let _ = reply.send(std::mem::replace(&mut answers[j], Ok(Vec::new())));
+                    let _ = reply.send(match failures[j].take() {
+                        None => Ok(std::mem::take(&mut jobs[j].decisions)),
+                        Some(error) => Err(error),
+                    });
                 }
             }
         }

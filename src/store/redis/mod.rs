@@ -127,21 +127,20 @@ impl RedisStore {
         let started = Instant::now();
         self.shared.nodes.wait_known(self.shared.timeout).await;
         let result = match self.allow(&checks) {
-            Ok(()) => self.round_trip(checks, commit).await,
+            // The caller's vector travels with the job and comes back filled: no answer
+            // vector per request, no copy.
+            Ok(()) => self
+                .round_trip(checks, commit, std::mem::take(decisions))
+                .await
+                .map(|filled| *decisions = filled),
             Err(error) => Err(error),
         };
         let metrics = &self.shared.metrics;
         metrics.store_duration(op, started.elapsed());
-        match result {
-            Ok(found) => {
-                decisions.extend(found);
-                Ok(())
-            }
-            Err(error) => {
-                metrics.store_error(error.kind());
-                Err(error)
-            }
+        if let Err(error) = &result {
+            metrics.store_error(error.kind());
         }
+        result
     }
 
     /// Whether calls for `checks` may go to Redis now: the slot of each has a node and
@@ -167,6 +166,7 @@ impl RedisStore {
         &self,
         checks: Vec<StoreCheck>,
         commit: bool,
+        decisions: Vec<Decision>,
     ) -> Result<Vec<Decision>, StoreError> {
         let (reply, answer) = oneshot::channel();
         // The batch has its own deadline; this one also covers the time in the queue.
@@ -174,6 +174,7 @@ impl RedisStore {
         let job = Job {
             checks,
             commit,
+            decisions,
             reply: Some(reply),
             deadline: Instant::now() + wait,
         };

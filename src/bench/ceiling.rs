@@ -1,7 +1,7 @@
 //! The gRPC ceiling: Sluice's own gRPC stack (same server builder, same codec, same
 //! HTTP/2 settings, same accept loop and socket options) answering every call with a
-//! constant OK. Whatever this reaches on a
-//! machine is the most any store can reach; targets are fractions of it.
+//! constant OK. Whatever this reaches on a machine is the most any store can reach;
+//! targets are fractions of it.
 
 use std::future::Future;
 

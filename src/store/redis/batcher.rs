@@ -130,14 +130,15 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         return;
     }
     // (commit, slot) → the checks of that group, in arrival order: (job, check, where the
-    // check's decisions go in its job's answer).
+    // check's decisions go in its job's vector). Each job's vector gets room for one
+    // decision per limit, after what its caller had there.
     let mut index: HashMap<(bool, u16), usize> = HashMap::new();
     let mut groups: Vec<Vec<Member>> = Vec::new();
     let mut commits: Vec<bool> = Vec::new();
     let total: usize = jobs.iter().map(|job| job.checks.len()).sum();
     let mut placed = 0;
-    for (j, job) in jobs.iter().enumerate() {
-        let mut offset = 0;
+    for (j, job) in jobs.iter_mut().enumerate() {
+        let mut at = job.decisions.len();
         for (c, check) in job.checks.iter().enumerate() {
             let slot = slot_of(&shared.nodes, check);
             let group = *index.entry((job.commit, slot)).or_insert_with(|| {
@@ -149,11 +150,12 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             groups[group].push(Member {
                 job: j,
                 check: c,
-                offset,
+                at,
             });
             placed += 1;
-            offset += check.limits.len();
+            at += check.limits.len();
         }
+        job.decisions.resize(at, Decision::default());
     }
     shared.metrics.batch_size.observe(total as f64);
     let calls: Vec<Call> = groups
@@ -179,17 +181,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         })
         .collect();
     drop(topology);
-    // Per job: where its decisions start in its vector (room made for one per limit, in
-    // request order), its first error, and the number of its checks not back yet.
-    let bases: Vec<usize> = jobs
-        .iter_mut()
-        .map(|job| {
-            let base = job.decisions.len();
-            let limits: usize = job.checks.iter().map(|check| check.limits.len()).sum();
-            job.decisions.resize(base + limits, Decision::default());
-            base
-        })
-        .collect();
+    // Per job: its first error, and the number of its checks not back yet.
     let mut failures: Vec<Option<StoreError>> = vec![None; jobs.len()];
     let mut waiting: Vec<usize> = jobs.iter().map(|job| job.checks.len()).collect();
     while let Some((group, result)) = pending.next().await {
@@ -207,8 +199,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                             "script reply shorter than its checks".into(),
                         ));
                     } else {
-                        let at = bases[member.job] + member.offset;
-                        job.decisions[at..at + n].copy_from_slice(mine);
+                        job.decisions[member.at..member.at + n].copy_from_slice(mine);
                     }
                 }
             }
@@ -239,8 +230,8 @@ struct Member {
     job: usize,
     /// Its index among that job's checks.
     check: usize,
-    /// Where its decisions go in the job's answer (limits of the job's earlier checks).
-    offset: usize,
+    /// Where its decisions go in the job's vector.
+    at: usize,
 }
 
 /// Runs `calls` of the main script at once, each on the node of its slot (see

@@ -13,8 +13,9 @@
 //! is exact again, without a Sluice restart, within a few seconds; and its counter never
 //! exceeds the calls sent (nothing counted twice).
 //!
-//! A call answered `MOVED` did not run and is sent once more, to the node named; `ASK`
-//! (a slot being migrated) is not followed and takes the failure mode. The kill and
+//! A call answered `MOVED` did not run and is sent once more, to the node named; one
+//! answered `ASK` (its slot is being migrated and its key has left) is sent to the
+//! importing node after `ASKING`. The kill and
 //! failover tests show recovery, not zero failures on the affected slot; the other
 //! slots never fail (each primary has its own client).
 
@@ -395,9 +396,7 @@ async fn a_script_flush_on_every_node_is_invisible() {
 /// Resharding: the affected slot is moved to another primary while both loads run.
 /// Once every node agrees on the new owner, a call that still reaches the old one is
 /// answered `MOVED`, did not run, and is sent once more to the new owner at once: no
-/// call started after the move is refused, and nothing is counted twice. (During the
-/// move itself, a key already migrated is answered `ASK`, which is not followed: those
-/// calls take the failure mode.)
+/// call started after the move is refused, and nothing is counted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_followed_at_once() {
     let _serial = serial().await;
@@ -442,4 +441,73 @@ async fn a_moved_slot_is_followed_at_once() {
     let after = affected.iter().filter(|a| a.started > moved_at).count();
     assert!(after > 0, "no call ran after the move");
     eprintln!("slot moved: {after} calls after the move, all OK");
+}
+
+/// Resharding, during the move: the slot is `MIGRATING` on its primary, and once a key
+/// has left it, that primary answers `ASK` for it. The call did not run there; Sluice
+/// sends it to the importing node after `ASKING` on the same connection, where Redis
+/// answers it: exactly, without waiting for the move to end (the `closed` failure mode
+/// would answer OVER_LIMIT), and nothing is counted twice. A key created during the move
+/// is created on the importing node, and its limit is exact. (A call on several keys of
+/// the slot, some not moved yet, is answered `TRYAGAIN` by Redis and takes the failure
+/// mode; each call here has one key.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrating_slot_is_followed_with_asking() {
+    let _serial = serial().await;
+    let cluster = RedisCluster::start_with_replicas();
+    let place = Placement::pick(&cluster);
+    let target = cluster.primary_of(slot("closed", place.healthy));
+    let server = sluice(&cluster).await;
+    let mut client = server.client().await;
+    let key = redis_key("closed", place.affected);
+    let moving = slot("closed", place.affected);
+    // Before the move: Redis answers (the slot map is known), and the key is charged.
+    until_exact(&server, place.affected, RECOVERY).await;
+    let before = counter(&cluster, place.affected);
+    assert!(before >= 10, "charged before the move: {before}");
+
+    let id = |node: usize| {
+        let line = cluster.nodes[node].myself().expect("CLUSTER NODES");
+        line.split_whitespace().next().expect("node id").to_owned()
+    };
+    let (from, to) = (id(place.primary), id(target));
+    let source = &cluster.nodes[place.primary];
+    let destination = &cluster.nodes[target];
+    let slot_text = moving.to_string();
+    let answer = destination.cli(&["cluster", "setslot", &slot_text, "importing", &from]);
+    assert_eq!(answer.trim(), "OK", "SETSLOT IMPORTING");
+    let answer = source.cli(&["cluster", "setslot", &slot_text, "migrating", &to]);
+    assert_eq!(answer.trim(), "OK", "SETSLOT MIGRATING");
+    let port = destination.port.to_string();
+    let answer = source.cli(&["migrate", "127.0.0.1", &port, &key, "0", "5000"]);
+    assert_eq!(answer.trim(), "OK", "MIGRATE {key}");
+    let asked = source.cli(&["get", &key]);
+    assert!(
+        asked.contains("ASK"),
+        "the source answers ASK for {key}: {asked}"
+    );
+
+    for n in 0..20 {
+        let answer = call(&mut client, "closed", place.affected, DEADLINE).await;
+        assert_eq!(
+            answer.outcome,
+            Outcome::Ok,
+            "call {n} during the move: {answer:?}"
+        );
+    }
+    assert_eq!(
+        counter(&cluster, place.affected),
+        before + 20,
+        "charged once per call"
+    );
+    // Still moving: the slot map has not changed, and the key lives on the importing node.
+    assert_eq!(cluster.primary_of(moving), place.primary);
+
+    let fresh = (0..1_000_000)
+        .map(|i| format!("few-{i}"))
+        .find(|value| slot("few", value) == moving)
+        .expect("a `few` value in the moving slot");
+    assert_exact(&server, &fresh).await;
+    let created = destination.cli(&["cluster", "countkeysinslot", &slot_text]);
+    assert_eq!(created.trim(), "2", "both keys live on the importing node");
 }

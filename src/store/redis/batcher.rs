@@ -20,13 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::{ClientLike, LuaInterface};
-use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::client::{classify, is_noscript, moved_to};
+use super::client::{classify, is_noscript, redirect_of, Redirect};
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
@@ -260,9 +259,11 @@ async fn run_decisions(
 
 /// One script call on `node` (none: no node serves its slot), its reply (integers)
 /// turned into a `T` by `decode`. A NOSCRIPT answer loads the script on that node and
-/// runs the call again, and a MOVED answer sends it once more to the node named (in both
-/// cases it did not run, so nothing is charged twice); each step has its own deadline.
-/// Feeds the node's breaker, and asks for a fresh slot map when the call fails.
+/// runs the call again; a MOVED answer sends it once more to the node named, and an ASK
+/// answer (its slot is being migrated) sends it there after `ASKING` on the same
+/// connection. In each case it did not run, so nothing is charged twice; each step has
+/// its own deadline, and a call is redirected once at most. Feeds the node's breaker,
+/// and asks for a fresh slot map when the call fails.
 pub async fn run_call<T>(
     shared: &Shared,
     node: Option<Arc<Node>>,
@@ -273,33 +274,40 @@ pub async fn run_call<T>(
         shared.nodes.suspect();
         return Err(unrouted(call.slot()));
     };
-    // A call answered MOVED did not run: it is sent once more, to the node named.
+    // A redirected call did not run: it is sent once more, to the node named.
     let mut node = node;
+    let mut asking = false;
     let mut redirected = false;
     let result = loop {
-        let attempt = match one_call(shared, &node, call).await {
-            Err(Failure::NoScript) => load_and_call(shared, &node, call).await,
+        let attempt = match one_call(shared, &node, call, asking).await {
+            Err(Failure::NoScript) => load_and_call(shared, &node, call, asking).await,
             other => other,
         };
         match attempt {
-            Err(Failure::Moved(server)) if !redirected => {
-                match shared.nodes.moved(call.slot(), server.clone()) {
-                    Some(target) => {
-                        node = target;
-                        redirected = true;
-                    }
-                    None => break Err(Failure::Moved(server)),
-                }
+            Err(Failure::Redirected(redirect)) if !redirected => {
+                let target = match &redirect {
+                    Redirect::Moved(server) => shared.nodes.moved(call.slot(), server.clone()),
+                    Redirect::Ask(server) => shared.nodes.migrating_to(server.clone()),
+                };
+                let Some(target) = target else {
+                    break Err(Failure::Redirected(redirect));
+                };
+                node = target;
+                asking = matches!(redirect, Redirect::Ask(_));
+                redirected = true;
             }
             other => break other.and_then(|reply| decode(&reply).map_err(Failure::Store)),
         }
     };
     // A redirect says where the slot is, not that the node is unwell: no breaker count.
-    let redirected_again = matches!(result, Err(Failure::Moved(_)));
+    let redirected_again = matches!(result, Err(Failure::Redirected(_)));
     let result = result.map_err(|failure| match failure {
         Failure::NoScript => StoreError::Unavailable("NOSCRIPT after SCRIPT LOAD".into()),
-        Failure::Moved(server) => {
+        Failure::Redirected(Redirect::Moved(server)) => {
             StoreError::Unavailable(format!("redirected (MOVED) to {server}"))
+        }
+        Failure::Redirected(Redirect::Ask(server)) => {
+            StoreError::Unavailable(format!("redirected (ASK) to {server}"))
         }
         Failure::Store(error) => error,
     });
@@ -315,14 +323,19 @@ pub async fn run_call<T>(
 }
 
 /// Loads the script on `node` (it answered NOSCRIPT) and runs the call again there.
-async fn load_and_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>, Failure> {
+async fn load_and_call(
+    shared: &Shared,
+    node: &Node,
+    call: &Call,
+    asking: bool,
+) -> Result<Vec<i64>, Failure> {
     let loaded = tokio::time::timeout(
         shared.timeout,
         node.client.script_load::<String, _>(call.script),
     )
     .await;
     match loaded {
-        Ok(Ok(_)) => one_call(shared, node, call).await,
+        Ok(Ok(_)) => one_call(shared, node, call, asking).await,
         Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
         Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
     }
@@ -340,15 +353,23 @@ pub fn unrouted(slot: u16) -> StoreError {
 enum Failure {
     /// The node does not have the script.
     NoScript,
-    /// The slot lives on another node now (the call did not run).
-    Moved(Server),
+    /// The slot lives on another node now, or is being migrated to it (the call did
+    /// not run).
+    Redirected(Redirect),
     /// Anything else.
     Store(StoreError),
 }
 
 /// One script call on `node`, with its own deadline: in a cluster, a call to a dead or
-/// moved shard fails alone, never the calls of other shards in the same batch.
-async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>, Failure> {
+/// moved shard fails alone, never the calls of other shards in the same batch. With
+/// `asking`, `ASKING` goes first on the same connection (the node is importing the
+/// call's slot).
+async fn one_call(
+    shared: &Shared,
+    node: &Node,
+    call: &Call,
+    asking: bool,
+) -> Result<Vec<i64>, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
     let reply = tokio::time::timeout(shared.timeout, async {
@@ -356,6 +377,9 @@ async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>,
         // connecting: wait for the connection, within the same deadline.
         if !node.client.is_connected() {
             let _ = node.client.wait_for_connect().await;
+        }
+        if asking {
+            return call_asking(node, command, call).await;
         }
         node.client
             .custom::<Value, _>(command, call.args.clone())
@@ -371,9 +395,31 @@ async fn one_call(shared: &Shared, node: &Node, call: &Call) -> Result<Vec<i64>,
             )))
         }),
         Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
-        Ok(Err(error)) => match moved_to(&error) {
-            Some(server) => Err(Failure::Moved(server)),
+        Ok(Err(error)) => match redirect_of(&error) {
+            Some(redirect) => Err(Failure::Redirected(redirect)),
             None => Err(Failure::Store(classify(&error, shared.timeout))),
         },
     }
+}
+
+/// `ASKING` then `command`, written back to back on `node`'s connection (a pipeline),
+/// so that the node takes the command for a slot it is importing; the command's reply.
+async fn call_asking(
+    node: &Node,
+    command: CustomCommand,
+    call: &Call,
+) -> Result<Value, fred::error::Error> {
+    let asking = CustomCommand::new_static("ASKING", ClusterHash::Custom(call.slot()), false);
+    let pipeline = node.client.pipeline();
+    pipeline
+        .custom::<(), _>(asking, Vec::<Value>::new())
+        .await?;
+    pipeline.custom::<(), _>(command, call.args.clone()).await?;
+    let mut replies = pipeline.try_all::<Value>().await;
+    replies.pop().unwrap_or_else(|| {
+        Err(fred::error::Error::new(
+            fred::error::ErrorKind::Protocol,
+            "no reply to a pipelined EVALSHA",
+        ))
+    })
 }

@@ -284,14 +284,29 @@ pub fn is_noscript(error: &FredError) -> bool {
     error.details().starts_with("NOSCRIPT")
 }
 
-/// The node a `MOVED <slot> <host:port>` reply sends the call to (a call answered so
-/// did not run). `ASK` (a slot being migrated) is not followed: it needs `ASKING` on the
-/// same connection first.
-pub fn moved_to(error: &FredError) -> Option<Server> {
-    let mut words = error.details().strip_prefix("MOVED ")?.split_whitespace();
+/// Where a cluster node sent a call that it did not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Redirect {
+    /// `MOVED <slot> <host:port>`: the slot lives on that node now.
+    Moved(Server),
+    /// `ASK <slot> <host:port>`: the slot is being migrated to that node, which takes the
+    /// call only after `ASKING` on the same connection; the slot map is unchanged.
+    Ask(Server),
+}
+
+/// The redirect in a `MOVED` or `ASK` reply, if the error is one.
+pub fn redirect_of(error: &FredError) -> Option<Redirect> {
+    let details = error.details();
+    let (kind, rest) = details.split_once(' ')?;
+    let mut words = rest.split_whitespace();
     let _slot = words.next()?;
     let (host, port) = words.next()?.rsplit_once(':')?;
-    Some(Server::new(host, port.parse().ok()?))
+    let server = Server::new(host, port.parse().ok()?);
+    match kind {
+        "MOVED" => Some(Redirect::Moved(server)),
+        "ASK" => Some(Redirect::Ask(server)),
+        _ => None,
+    }
 }
 
 /// A URL (or comma-separated URLs) with credentials replaced by `*****`:
@@ -328,13 +343,16 @@ mod tests {
     }
 
     #[test]
-    fn follows_moved_not_ask() {
+    fn redirects_are_read_from_moved_and_ask_replies() {
         let moved = FredError::new(ErrorKind::Cluster, "MOVED 3999 127.0.0.1:6381");
-        assert_eq!(moved_to(&moved), Some(Server::new("127.0.0.1", 6381)));
+        let to = Server::new("127.0.0.1", 6381);
+        assert_eq!(redirect_of(&moved), Some(Redirect::Moved(to.clone())));
         let ask = FredError::new(ErrorKind::Cluster, "ASK 3999 127.0.0.1:6381");
-        assert_eq!(moved_to(&ask), None);
-        let other = FredError::new(ErrorKind::Unknown, "MOVED nonsense");
-        assert_eq!(moved_to(&other), None);
+        assert_eq!(redirect_of(&ask), Some(Redirect::Ask(to)));
+        for other in ["MOVED nonsense", "ASK 1 host:port", "TRYAGAIN x y", "ASK"] {
+            let error = FredError::new(ErrorKind::Unknown, other);
+            assert_eq!(redirect_of(&error), None, "{other}");
+        }
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl Topology {
         &self.nodes
     }
 
-    /// The node named `name`, if it serves any slot.
+    /// The node named `name`, if it is known.
     fn node(&self, name: &str) -> Option<&Arc<Node>> {
         self.nodes.iter().find(|node| &*node.name == name)
     }
@@ -172,20 +172,44 @@ impl Nodes {
         self.suspect();
         let _writer = lock(&self.writer);
         let current = self.topology.load_full();
-        let name = server.to_string();
         let mut nodes = current.nodes.clone();
-        let index = match nodes.iter().position(|node| *node.name == *name) {
-            Some(index) => index,
-            None => {
-                nodes.push(self.factory.node(Arc::from(name), Some(server)).ok()?);
-                nodes.len() - 1
-            }
-        };
+        let index = self.find_or_add(&mut nodes, server)?;
         let node = nodes[index].clone();
         let mut owners = current.owners.clone();
         *owners.get_mut(usize::from(slot))? = u16::try_from(index).ok()?;
         self.topology.store(Arc::new(Topology { nodes, owners }));
         Some(node)
+    }
+
+    /// A call was answered `ASK` to `server` (its slot is being migrated there): the
+    /// node to send it to, with `ASKING`. The slot map is unchanged; a `server` not
+    /// known yet gets a client, kept with the others until the next refresh. `None` for
+    /// a single node, or when no client can be made.
+    pub fn migrating_to(&self, server: Server) -> Option<Arc<Node>> {
+        self.wake.as_ref()?;
+        let name = server.to_string();
+        if let Some(node) = self.topology().node(&name) {
+            return Some(node.clone());
+        }
+        let _writer = lock(&self.writer);
+        let current = self.topology.load_full();
+        let mut nodes = current.nodes.clone();
+        let index = self.find_or_add(&mut nodes, server)?;
+        let node = nodes[index].clone();
+        let owners = current.owners.clone();
+        self.topology.store(Arc::new(Topology { nodes, owners }));
+        Some(node)
+    }
+
+    /// The index in `nodes` of the node at `server`, with a new client appended if none
+    /// is there; `None` when the client cannot be made.
+    fn find_or_add(&self, nodes: &mut Vec<Arc<Node>>, server: Server) -> Option<usize> {
+        let name = server.to_string();
+        if let Some(index) = nodes.iter().position(|node| *node.name == *name) {
+            return Some(index);
+        }
+        nodes.push(self.factory.node(Arc::from(name), Some(server)).ok()?);
+        Some(nodes.len() - 1)
     }
 
     /// A call failed or was redirected: the slot map may be stale, refresh it soon.

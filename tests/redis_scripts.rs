@@ -251,12 +251,15 @@ async fn unreadable_stored_values_read_as_fresh_states() {
 
 /// States whose numbers pass 2^53 (costs near `u64::MAX` come from `hits_addend`) are
 /// written in a form that reads back as the same large numbers: never as a wrapped,
-/// negative count that would admit what the limit refuses.
+/// negative count that would admit what the limit refuses. A decision's numbers past
+/// 2^62 in the memory store are past 2^62 from the script too (a reply integer is an
+/// i64, so past 2^63 the script sends the largest double below it): never 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_with_numbers_past_2_pow_53_read_back_large() {
     let server = RedisServer::start();
     let redis = connected_store(RedisMode::Standalone, server.url()).await;
     let now: Micros = 1_800_000_000_000_000;
+    let memory = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
     // Past 2^63 too, where a C long (what Lua's '%d' formats) would overflow.
     let big = u64::MAX;
     let mut case = 1_000u128;
@@ -283,14 +286,32 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
             cost,
         };
         let decide = |cost: u64| {
-            let redis = &redis;
+            let (redis, memory) = (&redis, &memory);
             async move {
-                let mut decisions = Vec::new();
+                let (mut decisions, mut expected) = (Vec::new(), Vec::new());
                 redis
                     .check_at(&[check(cost)], true, now, &mut decisions)
                     .await
                     .unwrap_or_else(|e| panic!("{algorithm:?}, cost {cost}: {e}"));
-                decisions[0]
+                memory
+                    .check(&[check(cost)], &mut expected)
+                    .await
+                    .expect("memory");
+                let (got, want) = (decisions[0], expected[0]);
+                let large = 1u64 << 62;
+                for (field, got, want) in [
+                    ("remaining", got.remaining, want.remaining),
+                    ("reset_after", got.reset_after, want.reset_after),
+                    ("retry_after", got.retry_after, want.retry_after),
+                    ("used", got.used, want.used),
+                ] {
+                    assert!(
+                        want < large || got >= large,
+                        "{algorithm:?}, cost {cost}: {field} {got} from the script, \
+                         {want} from the memory store"
+                    );
+                }
+                got
             }
         };
         assert!(

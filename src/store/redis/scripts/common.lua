@@ -50,6 +50,17 @@ local function earliest(guess, pass)
   return hi
 end
 
+-- The largest double below 2^63. Redis turns a number a script returns into a C long
+-- long, which a larger one (a count past 2^63, after a cost near u64::MAX) overflows:
+-- such a number is returned as this instead.
+local REPLY_MAX = 9223372036854774784
+
+-- `x` as a script reply integer: at most REPLY_MAX.
+local function reply_int(x)
+  if x > REPLY_MAX then return REPLY_MAX end
+  return x
+end
+
 -- Decision.invalid_quota
 local function invalid_quota(cost, q)
   local retry = q.period

@@ -41,7 +41,7 @@ if algo == nil or kind == 3 then
 end
 if is_invalid(q) then
   local d = invalid_quota(cost, q)
-  return { 0, d[2], d[3], d[4], d[5], 0, now, 0 }
+  return { 0, reply_int(d[2]), reply_int(d[3]), reply_int(d[4]), reply_int(d[5]), 0, now, 0 }
 end
 
 -- Load (tagged string states only: every leasable algorithm stores one).
@@ -141,4 +141,5 @@ end
 
 local window_left = 0
 if kind == 1 or kind == 2 then window_left = q.period - fmod(now, q.period) end
-return { d[1], d[2], d[3], d[4], d[5], granted, now, window_left }
+return { d[1], reply_int(d[2]), reply_int(d[3]), reply_int(d[4]), reply_int(d[5]),
+         reply_int(granted), now, window_left }

@@ -91,8 +91,14 @@ for c = a, #ARGV, 2 do
     -- A committed decision over an expired state drops it, as the memory store does.
     if changed or expired then nexts[i] = next end
     local o = #out
+    local remaining, reset, retry, used = d[2], d[3], d[4], d[5]
+    -- All four are ≥ 0: one test for the rare number past what a reply can carry.
+    if remaining + reset + retry + used > REPLY_MAX then
+      remaining, reset, retry, used =
+        reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used)
+    end
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-      d[1] and 1 or 0, d[2], d[3], d[4], d[5]
+      d[1] and 1 or 0, remaining, reset, retry, used
   end
   -- All-or-nothing; a single limit commits even when refused (fixed window counts
   -- refused hits, the others return no change).

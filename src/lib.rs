@@ -14,6 +14,7 @@ pub mod limiter;
 pub mod listener;
 pub mod pem;
 pub mod proto;
+pub mod reloading;
 pub mod rules;
 pub mod server;
 pub mod service;

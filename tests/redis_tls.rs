@@ -9,6 +9,10 @@
 //! names do not match the URL host (host names are checked by default), and no client
 //! certificate. Each of these takes the rule's failure mode (OVER_LIMIT at once), and
 //! the password never appears in the log.
+//!
+//! Rotated: the CA bundle and the client certificate replaced on disk (a new CA, as
+//! when a Kubernetes secret is renewed) are used at the next connection, without a
+//! restart.
 
 #[path = "support/pki.rs"]
 mod pki;
@@ -63,6 +67,11 @@ struct TlsRedis {
 impl TlsRedis {
     /// Serves `server` (certificate and key) and requires client certificates from `ca`.
     fn start(ca: &Ca, server: &Leaf) -> Self {
+        Self::start_on(ca, server, free_port())
+    }
+
+    /// [`TlsRedis::start`] on `port`.
+    fn start_on(ca: &Ca, server: &Leaf, port: u16) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let (cert, key) = server.write(dir.path(), "redis");
         let ca_file = dir.path().join("ca.crt");
@@ -73,7 +82,6 @@ impl TlsRedis {
             ACL_USER.replace(">PASSWORD", &format!(">{PASSWORD}"))
         );
         std::fs::write(&acl_file, acl).expect("write users.acl");
-        let port = free_port();
         let text = |path: &Path| path.to_string_lossy().into_owned();
         let child = Command::new(
             std::env::var("SLUICE_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into()),
@@ -174,8 +182,9 @@ fn exact() -> Vec<Outcome> {
 }
 
 /// Waits until Redis answers (the connection is made in the background), then checks
-/// exactness on a fresh value of every algorithm.
-async fn assert_exact(server: &TestServer) {
+/// exactness on `value` (not used before: a refused value is remembered locally) of
+/// every algorithm.
+async fn assert_exact(server: &TestServer, value: &str) {
     let mut client = server.client().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while call(&mut client, "exact", "warm-up", Duration::from_secs(3))
@@ -188,7 +197,7 @@ async fn assert_exact(server: &TestServer) {
     }
     for algorithm in ALGORITHMS {
         assert_eq!(
-            outcomes(server, algorithm, "exact").await,
+            outcomes(server, algorithm, value).await,
             exact(),
             "{algorithm}"
         );
@@ -229,7 +238,7 @@ async fn tls_with_client_certificate_and_minimal_acl_is_exact() {
         ],
     )
     .await;
-    assert_exact(&server).await;
+    assert_exact(&server, "exact").await;
     assert!(
         log_lines_with("NOPERM").is_empty(),
         "the ACL refused a command"
@@ -296,7 +305,7 @@ async fn hostname_mismatch_is_refused_unless_explicitly_skipped() {
     let mut skip = flags.to_vec();
     skip.push("--redis-tls-insecure-skip-hostname");
     let server = sluice(&redis.url(), &skip).await;
-    assert_exact(&server).await;
+    assert_exact(&server, "exact").await;
     server.stop().await;
 }
 
@@ -309,4 +318,48 @@ async fn without_a_client_certificate_redis_refuses() {
     let server = sluice(&redis.url(), &["--redis-tls-ca", path(&files.ca)]).await;
     assert_refused(&server, "no-client-cert").await;
     server.stop().await;
+}
+
+/// Certificates rotated on disk are used without a restart: Redis comes back on the same
+/// port with a server certificate from a new CA and trusts only client certificates from
+/// it. Until Sluice's CA bundle and client certificate are replaced, its reconnections
+/// are refused (failure mode); once they are, the next connection uses them and the
+/// counts are exact again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_ca_and_client_certificate_are_used_without_a_restart() {
+    captured_log();
+    let old = Ca::new("redis test ca");
+    let redis = TlsRedis::start(&old, &old.server(&["localhost", "127.0.0.1"]));
+    let port = redis.port;
+    let files = client_files(&old, &old);
+    let server = sluice(
+        &redis.url(),
+        &[
+            "--redis-tls-ca",
+            path(&files.ca),
+            "--redis-tls-cert",
+            path(&files.cert),
+            "--redis-tls-key",
+            path(&files.key),
+        ],
+    )
+    .await;
+    assert_exact(&server, "exact").await;
+
+    drop(redis);
+    let new = Ca::new("rotated redis test ca");
+    let redis = TlsRedis::start_on(&new, &new.server(&["localhost", "127.0.0.1"]), port);
+    assert_refused(&server, "old certificates, new Redis").await;
+
+    write_atomic(&files.ca, &new.pem());
+    let (cert, key) = new.client(&["sluice"]).write(files.dir.path(), "client");
+    assert_eq!((&cert, &key), (&files.cert, &files.key));
+    assert_exact(&server, "rotated").await;
+    assert!(
+        !log_lines_with("TLS files reloaded").is_empty(),
+        "the reload is logged"
+    );
+    assert!(log_lines_with(PASSWORD).is_empty(), "password in the log");
+    server.stop().await;
+    drop(redis);
 }

@@ -2,18 +2,16 @@
 //! certificate, key or client CA files change (checked at each new connection, so a
 //! rotated certificate is served to the next client without a restart).
 
-use std::fs::Metadata;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 use super::verify::SanVerifier;
 use crate::pem::{certificates, invalid, private_key};
+use crate::reloading::Reloading;
 use crate::settings::{parse_go_bool, SettingsError};
 
 /// gRPC TLS flags of `sluice serve`.
@@ -135,21 +133,10 @@ impl TlsSettings {
     }
 }
 
-/// Identity of a file version: modification time, length, inode.
-type Stamp = Option<(SystemTime, u64, u64)>;
-
-fn stamp(metadata: std::io::Result<Metadata>) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = metadata.ok()?;
-    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
-}
-
 /// The server TLS configuration, rebuilt when its files change.
 pub struct ReloadingTls {
     settings: TlsSettings,
-    current: ArcSwap<ServerConfig>,
-    /// Stamps of the files `current` (or the last failed attempt) was built from.
-    seen: Mutex<Vec<Stamp>>,
+    files: Reloading<ServerConfig>,
 }
 
 // === impl ReloadingTls ===
@@ -157,42 +144,16 @@ pub struct ReloadingTls {
 impl ReloadingTls {
     /// Loads the files once; an error here stops startup.
     pub fn load(settings: TlsSettings) -> Result<Self, TlsError> {
-        let seen = Mutex::new(stamps(&settings));
-        let config = build(&settings)?;
-        Ok(Self {
-            settings,
-            current: ArcSwap::from_pointee(config),
-            seen,
-        })
+        let paths = settings.paths().map(Path::to_path_buf).collect();
+        let files = Reloading::load("gRPC TLS", paths, || build(&settings))?;
+        Ok(Self { settings, files })
     }
 
     /// The configuration for a new connection: re-read first if a file changed. A
     /// change that does not load is logged once and the previous configuration kept.
     pub fn config(&self) -> Arc<ServerConfig> {
-        let now = stamps(&self.settings);
-        if let Ok(mut seen) = self.seen.lock() {
-            if *seen != now {
-                *seen = now;
-                match build(&self.settings) {
-                    Ok(config) => {
-                        self.current.store(Arc::new(config));
-                        tracing::info!(cert = %self.settings.cert.display(), "gRPC TLS files reloaded");
-                    }
-                    Err(error) => {
-                        tracing::error!(%error, "gRPC TLS files not reloaded; previous certificates keep serving");
-                    }
-                }
-            }
-        }
-        self.current.load_full()
+        self.files.get(|| build(&self.settings))
     }
-}
-
-fn stamps(settings: &TlsSettings) -> Vec<Stamp> {
-    settings
-        .paths()
-        .map(|path| stamp(std::fs::metadata(path)))
-        .collect()
 }
 
 /// Builds the rustls configuration from the files.

@@ -4,20 +4,24 @@
 //! it, the system roots; the host name of the URL must match the certificate unless
 //! `--redis-tls-insecure-skip-hostname` is set (the chain is still verified then). A
 //! client certificate (`--redis-tls-cert`, `--redis-tls-key`) is presented for Redis's
-//! `tls-auth-clients`. Files are read once at startup; errors name the file, never its
-//! content (a key is never logged).
+//! `tls-auth-clients`. The files are read at startup, and again at the first handshake
+//! (a new connection) after one changes, so a rotated CA bundle or client certificate is
+//! used on reconnection without a restart; errors name the file, never its content (a
+//! key is never logged).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
 };
-use tokio_rustls::rustls::client::WebPkiServerVerifier;
+use tokio_rustls::rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 
 use crate::pem::{certificates, invalid, private_key, PemError};
-use tokio_rustls::rustls::crypto::ring;
+use crate::reloading::Reloading;
+use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, Error as RustlsError, RootCertStore,
     SignatureScheme,
@@ -59,36 +63,43 @@ impl RedisTls {
             || self.insecure_skip_hostname
     }
 
-    /// The rustls client configuration for these settings.
+    /// The rustls client configuration for these settings. The CA bundle and the client
+    /// certificate are read again at the first handshake after their files change
+    /// (rotation without a restart, see [`crate::reloading`]).
     pub fn client_config(&self) -> Result<ClientConfig, RedisTlsError> {
         let provider = Arc::new(ring::default_provider());
-        let roots = Arc::new(self.roots()?);
+        let verifier = ReloadingVerifier::load(self.clone(), provider.clone())?;
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
-        let builder = if self.insecure_skip_hostname {
-            let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
-                .build()
-                .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(SkipHostname { inner }))
-        } else {
-            builder.with_root_certificates(roots)
-        };
+            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier));
         match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
-                let chain = certificates(cert)?;
-                let key_der = private_key(key)?;
-                builder
-                    .with_client_auth_cert(chain, key_der)
-                    .map_err(|e| invalid(key, e).into())
+                let resolver = ReloadingClientCert::load(cert.clone(), key.clone(), provider)?;
+                Ok(builder.with_client_cert_resolver(Arc::new(resolver)))
             }
             (None, None) => Ok(builder.with_no_client_auth()),
             (Some(cert), None) => {
                 Err(invalid(cert, "--redis-tls-cert needs --redis-tls-key").into())
             }
             (None, Some(key)) => Err(invalid(key, "--redis-tls-key needs --redis-tls-cert").into()),
+        }
+    }
+
+    /// The server certificate verifier, from the CA file as it is now.
+    fn verifier(
+        &self,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Arc<dyn ServerCertVerifier>, RedisTlsError> {
+        let roots = Arc::new(self.roots()?);
+        let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
+        if self.insecure_skip_hostname {
+            Ok(Arc::new(SkipHostname { inner }))
+        } else {
+            Ok(inner)
         }
     }
 
@@ -117,6 +128,134 @@ impl RedisTls {
         }
         Ok(roots)
     }
+}
+
+/// Verifies server certificates against the CA bundle as it is on disk.
+#[derive(Debug)]
+struct ReloadingVerifier {
+    /// The settings it is built from.
+    tls: RedisTls,
+    /// The signature algorithms.
+    provider: Arc<CryptoProvider>,
+    /// The verifier of the current CA bundle.
+    files: Reloading<Arc<dyn ServerCertVerifier>>,
+}
+
+// === impl ReloadingVerifier ===
+
+impl ReloadingVerifier {
+    fn load(tls: RedisTls, provider: Arc<CryptoProvider>) -> Result<Self, RedisTlsError> {
+        let paths = tls.ca.iter().cloned().collect();
+        let files = Reloading::load("Redis TLS CA", paths, || tls.verifier(&provider))?;
+        Ok(Self {
+            tls,
+            provider,
+            files,
+        })
+    }
+}
+
+impl ServerCertVerifier for ReloadingVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, RustlsError> {
+        // Once per handshake: the moment to see a rotated CA bundle.
+        let current = self.files.get(|| self.tls.verifier(&self.provider));
+        current.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, RustlsError> {
+        self.files
+            .current()
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, RustlsError> {
+        self.files
+            .current()
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.files.current().supported_verify_schemes()
+    }
+}
+
+/// The client certificate and key as they are on disk.
+#[derive(Debug)]
+struct ReloadingClientCert {
+    /// PEM certificate chain.
+    cert: PathBuf,
+    /// PEM private key.
+    key: PathBuf,
+    /// Loads the key.
+    provider: Arc<CryptoProvider>,
+    /// The current pair.
+    files: Reloading<CertifiedKey>,
+}
+
+// === impl ReloadingClientCert ===
+
+impl ReloadingClientCert {
+    fn load(
+        cert: PathBuf,
+        key: PathBuf,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, RedisTlsError> {
+        let paths = vec![cert.clone(), key.clone()];
+        let files = Reloading::load("Redis TLS client certificate", paths, || {
+            certified_key(&cert, &key, &provider)
+        })?;
+        Ok(Self {
+            cert,
+            key,
+            provider,
+            files,
+        })
+    }
+}
+
+impl ResolvesClientCert for ReloadingClientCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.files
+                .get(|| certified_key(&self.cert, &self.key, &self.provider)),
+        )
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// The chain in `cert` with the key in `key`, which must match it.
+fn certified_key(
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, RedisTlsError> {
+    let chain = certificates(cert)?;
+    let key_der = private_key(key)?;
+    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| invalid(key, e).into())
 }
 
 /// Verifies the chain like rustls's WebPKI verifier but accepts a name mismatch.

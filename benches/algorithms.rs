@@ -21,7 +21,6 @@ fn decide(c: &mut Criterion) {
         limit: 1_000,
         period: MICROS_PER_SECOND,
         burst: 1_000,
-        stop_increment_when_over_limit: false,
     };
     let now = 1_700_000_000 * MICROS_PER_SECOND;
     for kind in KINDS {

@@ -28,11 +28,10 @@ fn quota() -> impl Strategy<Value = Quota> {
         Just(1_000_000u64),
         Just(3_000_000)
     ];
-    (1..=20u64, period, 1..=30u64, any::<bool>()).prop_map(|(limit, period, burst, stop)| Quota {
+    (1..=20u64, period, 1..=30u64).prop_map(|(limit, period, burst)| Quota {
         limit,
         period,
         burst,
-        stop_increment_when_over_limit: stop,
     })
 }
 
@@ -210,7 +209,7 @@ proptest! {
         kind in kind(), quota in quota(), offset in 0..10_000u64, steps in steps(true),
     ) {
         for e in simulate(kind, &quota, offset, &steps) {
-            let counts_refused = kind == AlgorithmKind::FixedWindow && !quota.stop_increment_when_over_limit;
+            let counts_refused = kind == AlgorithmKind::FixedWindow;
             if e.cost == 0 || (!e.decision.allowed && !counts_refused) {
                 prop_assert_eq!(&e.after, &e.before);
             }
@@ -284,7 +283,7 @@ proptest! {
         kind in kind(), limit in any::<u64>(), period in any::<u64>(), burst in any::<u64>(),
         times in prop::collection::vec((any::<u64>(), any::<u64>()), 1..8),
     ) {
-        let quota = Quota { limit, period, burst, stop_increment_when_over_limit: false };
+        let quota = Quota { limit, period, burst };
         let mut state = State::fresh(kind);
         for (now, cost) in times {
             state = decide(kind, &state, now, cost, &quota).1;

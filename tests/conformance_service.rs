@@ -271,7 +271,6 @@ impl Harness {
                     limit,
                     period: unit.micros(),
                     burst: limit,
-                    stop_increment_when_over_limit: false,
                 },
             }]
             .into(),

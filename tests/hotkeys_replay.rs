@@ -121,7 +121,7 @@ async fn local_layers_only_refuse_what_the_store_refuses() {
                     .iter()
                     .map(|l| LimitCheck {
                         algorithm: l.algorithm,
-                        quota: l.quota(false),
+                        quota: l.quota(),
                     })
                     .collect(),
                 cost,

@@ -51,7 +51,6 @@ fn check(key: u128, algorithm: AlgorithmKind, cost: u64) -> StoreCheck {
                 limit: 100,
                 period: 3_600_000_000,
                 burst: 100,
-                stop_increment_when_over_limit: false,
             },
         }]
         .into(),

@@ -48,7 +48,6 @@ async fn memory_usage_per_key() {
                     limit: 1000,
                     period: 3_600_000_000,
                     burst: 1000,
-                    stop_increment_when_over_limit: false,
                 },
             }]
             .into(),

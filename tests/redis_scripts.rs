@@ -43,7 +43,6 @@ fn quota(rng: &mut Rng) -> Quota {
         limit: 1 + rng.below(20),
         period,
         burst: 1 + rng.below(30),
-        stop_increment_when_over_limit: rng.below(2) == 0,
     }
 }
 
@@ -218,7 +217,6 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                         limit: 5,
                         period: 1_000_000,
                         burst: 5,
-                        stop_increment_when_over_limit: false,
                     },
                 }]
                 .into(),
@@ -279,7 +277,6 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
                     limit: big,
                     period: 1_000_000,
                     burst: big,
-                    stop_increment_when_over_limit: false,
                 },
             }]
             .into(),

@@ -27,7 +27,6 @@ fn limit(algorithm: AlgorithmKind, limit: u64, burst: u64) -> LimitCheck {
             limit,
             period: DAY,
             burst,
-            stop_increment_when_over_limit: false,
         },
     }
 }

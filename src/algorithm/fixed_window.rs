@@ -3,8 +3,9 @@
 //! The window containing `now` starts at `now - now % period`. A request of `cost` takes the
 //! counter to `count + cost` and is admitted iff that is ≤ `limit`. As in the reference,
 //! the counter keeps the hits of refused requests too (so a client hammering an exhausted
-//! limit stays `OVER_LIMIT` for the whole window), unless
-//! [`Quota::stop_increment_when_over_limit`] is set.
+//! limit stays `OVER_LIMIT` for the whole window). The reference's
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is the limiter's: it decides before it
+//! charges (see [`crate::limiter`]).
 //!
 //! A request with `cost > limit` can never pass; it is refused and, like any refusal,
 //! reports `retry_after = reset_after` (the end of the current window), the reference's
@@ -58,7 +59,7 @@ impl Algorithm for FixedWindow {
             retry_after: if allowed { 0 } else { reset_after },
             used: count_after,
         };
-        let counts = cost > 0 && (allowed || !quota.stop_increment_when_over_limit);
+        let counts = cost > 0;
         let next = if counts {
             State {
                 window_start,

@@ -99,9 +99,6 @@ pub struct Quota {
     /// Capacity of token bucket and GCRA (the rule's `burst`, default `limit`).
     /// Other algorithms ignore it.
     pub burst: u64,
-    /// Fixed window only: do not count hits of a refused request
-    /// (the reference's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
-    pub stop_increment_when_over_limit: bool,
 }
 
 /// What an algorithm decided for one request of a given cost.
@@ -197,7 +194,7 @@ pub trait Algorithm {
     /// Decides a request of `cost` units at `now`. Returns the decision and the state to
     /// store if the caller commits it. `cost == 0` checks without charging. For a refused
     /// request the returned state charges nothing, except fixed window (reference
-    /// semantics: refused hits count unless `stop_increment_when_over_limit`).
+    /// semantics: refused hits count).
     fn decide(
         state: &Self::State,
         now: Micros,

@@ -12,7 +12,6 @@ fn quota(limit: u64, period: Micros, burst: u64) -> Quota {
         limit,
         period,
         burst,
-        stop_increment_when_over_limit: false,
     }
 }
 
@@ -106,16 +105,6 @@ fn fixed_window_reference_semantics() {
     // The refused hit counted: a probe is over limit too.
     assert!(!d[3].allowed);
     assert!(d[4].allowed);
-}
-
-#[test]
-fn fixed_window_stop_increment() {
-    let q = Quota {
-        stop_increment_when_over_limit: true,
-        ..quota(2, 60 * S, 2)
-    };
-    let d = run::<fixed_window::FixedWindow>(&q, &[(T0, 2), (T0, 1), (T0, 0)]);
-    assert!(d[0].allowed && !d[1].allowed && d[2].allowed);
 }
 
 #[test]

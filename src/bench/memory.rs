@@ -43,7 +43,6 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
             limit: 100,
             period: MICROS_PER_SECOND,
             burst: 100,
-            stop_increment_when_over_limit: false,
         },
     }]
     .into();

@@ -182,7 +182,6 @@ mod tests {
                 limit,
                 period: 1_000_000,
                 burst: limit,
-                stop_increment_when_over_limit: false,
             },
         }]
     }

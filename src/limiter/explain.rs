@@ -179,7 +179,7 @@ pub async fn explain<S: Store>(
                         .iter()
                         .map(|limit| LimitCheck {
                             algorithm: limit.algorithm,
-                            quota: limit.quota(false),
+                            quota: limit.quota(),
                         })
                         .collect(),
                     cost: explanation.cost,

@@ -308,7 +308,6 @@ mod tests {
                     limit: 100,
                     period: 60_000_000,
                     burst: 100,
-                    stop_increment_when_over_limit: false,
                 },
             }]
             .into(),

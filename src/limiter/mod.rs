@@ -250,7 +250,7 @@ impl<S: Store> Limiter<S> {
                 .iter()
                 .map(|limit| LimitCheck {
                     algorithm: limit.algorithm,
-                    quota: limit.quota(false),
+                    quota: limit.quota(),
                 })
                 .collect();
             checks.push(StoreCheck {

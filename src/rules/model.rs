@@ -139,12 +139,11 @@ pub struct Limit {
 
 impl Limit {
     /// The algorithm parameters of this limit.
-    pub fn quota(&self, stop_increment_when_over_limit: bool) -> Quota {
+    pub fn quota(&self) -> Quota {
         Quota {
             limit: u64::from(self.requests_per_unit),
             period: self.unit.micros(),
             burst: u64::from(self.burst.unwrap_or(self.requests_per_unit)),
-            stop_increment_when_over_limit,
         }
     }
 }

@@ -111,8 +111,8 @@ impl StoreError {
 /// Semantics every store implements identically: for each check, every limit is
 /// decided at the store's current time; if all allow, every limit is charged `cost`;
 /// if any refuses, none is charged, except that a rule with a single fixed-window limit
-/// charges a refused request (the reference's behaviour) unless its quota says
-/// `stop_increment_when_over_limit`.
+/// charges a refused request (the reference's behaviour; the limiter's
+/// `stop_increment_when_over_limit` setting decides before it charges).
 pub trait Store: Send + Sync + 'static {
     /// Decides `checks`, appending one decision per limit, in order, to `decisions`
     /// (left empty or partly filled on an error).

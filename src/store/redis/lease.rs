@@ -53,7 +53,6 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError>
         number(limit.quota.limit),
         number(limit.quota.period),
         number(limit.quota.burst),
-        number(limit.quota.stop_increment_when_over_limit.into()),
         number(check.cost),
         number(request.units),
         number(unused),

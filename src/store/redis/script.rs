@@ -186,7 +186,7 @@ impl Call {
             }
             limits += check.limits.len();
         }
-        let rule_args: usize = rules.iter().map(|rule| 1 + 5 * rule.len()).sum();
+        let rule_args: usize = rules.iter().map(|rule| 1 + 4 * rule.len()).sum();
         let mut argv: Vec<Value> = Vec::with_capacity(3 + rule_args + tail.len());
         argv.push(now.map_or_else(|| Value::from_static_str(""), number));
         argv.push(flag(commit));
@@ -198,7 +198,6 @@ impl Call {
                 argv.push(number(limit.quota.limit));
                 argv.push(number(limit.quota.period));
                 argv.push(number(limit.quota.burst));
-                argv.push(flag(limit.quota.stop_increment_when_over_limit));
             }
         }
         argv.append(&mut tail);

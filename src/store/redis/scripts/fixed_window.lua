@@ -18,7 +18,7 @@ ALGOS[1] = {
     local remaining, retry = 0, reset_after
     if allowed then remaining = q.limit - count_after; retry = 0 end
     local d = { allowed, remaining, reset_after, retry, count_after }
-    if cost > 0 and (allowed or not q.stop) then
+    if cost > 0 then
       return d, { ws = ws, count = count_after }, true
     end
     return d, s, false

@@ -4,13 +4,13 @@
 --   [1] now in µs, or '' to read Redis TIME
 --   [2] algorithm (1 fixed window, 2 sliding window, 4 token bucket, 5 gcra;
 --       the sliding log cannot lease and is refused)
---   [3] limit [4] period (µs) [5] burst [6] stop_increment_when_over_limit ('1'/'0')
---   [7] cost of the request to decide now (0: none, a pure return)
---   [8] units to lease if the request is admitted (0: none)
---   [9] unused units of the previous lease to return (0: none)
---  [10] store time at which that lease was granted
---  [11] lifetime L of the new lease in µs (token bucket and GCRA reserve L's refill)
---  [12] lifetime of the returned lease
+--   [3] limit [4] period (µs) [5] burst
+--   [6] cost of the request to decide now (0: none, a pure return)
+--   [7] units to lease if the request is admitted (0: none)
+--   [8] unused units of the previous lease to return (0: none)
+--   [9] store time at which that lease was granted
+--  [10] lifetime L of the new lease in µs (token bucket and GCRA reserve L's refill)
+--  [11] lifetime of the returned lease
 -- In order: return the unused units (only what is safe, see below), decide the request
 -- exactly as main.lua would, then, if admitted, take the lease all-or-nothing.
 -- Returns 8 integers: the request's decision (allowed, remaining, reset_after,
@@ -28,13 +28,13 @@ end
 local key = KEYS[1]
 local kind = tonumber(ARGV[2])
 local q = { limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]),
-            burst = tonumber(ARGV[5]), stop = ARGV[6] == '1' }
-local cost = tonumber(ARGV[7])
-local units = tonumber(ARGV[8])
-local unused = tonumber(ARGV[9])
-local granted_at = tonumber(ARGV[10])
-local lifetime = tonumber(ARGV[11])
-local returned_lifetime = tonumber(ARGV[12])
+            burst = tonumber(ARGV[5]) }
+local cost = tonumber(ARGV[6])
+local units = tonumber(ARGV[7])
+local unused = tonumber(ARGV[8])
+local granted_at = tonumber(ARGV[9])
+local lifetime = tonumber(ARGV[10])
+local returned_lifetime = tonumber(ARGV[11])
 local algo = ALGOS[kind]
 if algo == nil or kind == 3 then
   return redis.error_reply('sluice lease: algorithm ' .. tostring(kind) .. ' cannot lease')

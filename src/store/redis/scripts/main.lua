@@ -4,7 +4,7 @@
 --   [2] '1' to charge, '0' to peek
 --   [3] number of rules, then per rule: its number of limits, and per limit:
 --       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra),
---       limit, period (µs), burst, stop_increment_when_over_limit ('1'/'0');
+--       limit, period (µs), burst;
 --   then per check: its rule (1-based index into those rules) and its cost.
 -- Checks are decided in order against a per-call state cache; nothing is written
 -- until every check is decided. Returns 5 integers per limit:
@@ -60,8 +60,8 @@ for r = 1, tonumber(ARGV[3]) do
   for i = 1, n do
     kinds[i] = tonumber(ARGV[a + 1])
     quotas[i] = { limit = tonumber(ARGV[a + 2]), period = tonumber(ARGV[a + 3]),
-                  burst = tonumber(ARGV[a + 4]), stop = ARGV[a + 5] == '1' }
-    a = a + 5
+                  burst = tonumber(ARGV[a + 4]) }
+    a = a + 4
   end
   rules[r] = { n = n, kinds = kinds, quotas = quotas }
   a = a + 1

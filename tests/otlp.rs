@@ -1,0 +1,205 @@
+//! OTLP trace export, live (README, "Logs and traces"): the real binary, built with the
+//! `otel` feature (`scripts/test` turns every feature on), runs `sluice serve
+//! --otlp-endpoint` against a real OTLP/gRPC receiver: the collector's `TraceService`,
+//! served here by tonic from the OpenTelemetry protocol crate. Calls produce
+//! `rls.request` spans (with their domain) and `store.check` spans (with the store),
+//! under service `sluice`, and the spans still batched when Sluice gets SIGTERM are
+//! flushed before it exits.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use support::redis::free_port;
+
+/// One exported span: its service, name and string attributes.
+#[derive(Clone, Debug)]
+struct Span {
+    service: String,
+    name: String,
+    attributes: Vec<(String, String)>,
+}
+
+impl Span {
+    fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The receiver: keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Receiver {
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().expect("spans").clone()
+    }
+}
+
+fn text(attributes: &[KeyValue]) -> Vec<(String, String)> {
+    attributes
+        .iter()
+        .map(|kv| {
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(AnyValue::StringValue(s)) => s.clone(),
+                Some(AnyValue::IntValue(i)) => i.to_string(),
+                Some(other) => format!("{other:?}"),
+                None => String::new(),
+            };
+            (kv.key.clone(), value)
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock().expect("spans");
+        for resource_spans in request.into_inner().resource_spans {
+            let resource = text(
+                resource_spans
+                    .resource
+                    .as_ref()
+                    .map_or(&[][..], |r| &r.attributes),
+            );
+            let service = resource
+                .iter()
+                .find(|(k, _)| k == "service.name")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    spans.push(Span {
+                        service: service.clone(),
+                        name: span.name,
+                        attributes: text(&span.attributes),
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// The sluice process, killed on drop.
+struct Sluice(Child);
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `sluice serve` exporting to `endpoint`; returns it and its gRPC address.
+fn start(config: &std::path::Path, endpoint: &str) -> (Sluice, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--log-format", "json", "--otlp-endpoint", endpoint])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sluice");
+    let stdout = child.stdout.take().expect("stdout");
+    let sluice = Sluice(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
+                let fields = &json["fields"];
+                if fields["message"] == "sluice serving" {
+                    let grpc = fields["grpc"].as_str().unwrap_or_default().to_owned();
+                    let _ = tx.send(grpc);
+                }
+            }
+            eprintln!("sluice: {line}");
+        }
+    });
+    let grpc = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("sluice logged its address");
+    (sluice, grpc)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
+    let receiver = Receiver::default();
+    let port = free_port();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(receiver.clone()))
+        .serve(([127, 0, 0, 1], port).into());
+    tokio::spawn(server);
+
+    let config = tempfile::tempdir().expect("temp dir");
+    support::write_file(
+        config.path(),
+        "rules.yaml",
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
+    );
+    let (sluice, grpc) = start(config.path(), &format!("http://127.0.0.1:{port}"));
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect to sluice");
+    for n in 0..20 {
+        client
+            .should_rate_limit(support::user_request(&format!("u{n}")))
+            .await
+            .expect("a call");
+    }
+
+    // The batch exporter sends every few seconds: stop Sluice now, and the spans still
+    // batched must arrive before it exits.
+    let pid = sluice.0.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut sluice = sluice;
+    while sluice.0.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let spans = receiver.spans();
+    let requests: Vec<&Span> = spans.iter().filter(|s| s.name == "rls.request").collect();
+    let checks: Vec<&Span> = spans.iter().filter(|s| s.name == "store.check").collect();
+    assert_eq!(requests.len(), 20, "rls.request spans: {spans:?}");
+    assert_eq!(checks.len(), 20, "store.check spans");
+    assert!(spans.iter().all(|s| s.service == "sluice"), "{spans:?}");
+    assert!(requests
+        .iter()
+        .all(|s| s.attribute("domain") == Some("bench")));
+    assert!(requests
+        .iter()
+        .all(|s| s.attribute("descriptors") == Some("1")));
+    assert!(checks
+        .iter()
+        .all(|s| s.attribute("store") == Some("memory")));
+}

@@ -379,7 +379,8 @@ async fn one_call(
             let _ = node.client.wait_for_connect().await;
         }
         if asking {
-            return call_asking(node, command, call).await;
+            // Boxed: the rare path does not grow every call's future.
+            return Box::pin(call_asking(node, command, call)).await;
         }
         node.client
             .custom::<Value, _>(command, call.args.clone())

@@ -170,6 +170,12 @@ fn counter(cluster: &RedisCluster, value: &str) -> u64 {
     count_of(&node.cli(&["-c", "get", &redis_key("closed", value)]))
 }
 
+/// The cluster id of node `node`.
+fn node_id(cluster: &RedisCluster, node: usize) -> String {
+    let line = cluster.nodes[node].myself().expect("CLUSTER NODES");
+    line.split_whitespace().next().expect("node id").to_owned()
+}
+
 /// Waits until node `node` is a primary.
 fn wait_promoted(cluster: &RedisCluster, node: usize, within: Duration) -> Instant {
     let deadline = Instant::now() + within;
@@ -406,11 +412,7 @@ async fn a_moved_slot_is_followed_at_once() {
     let server = sluice(&cluster).await;
     let loads = start_loads(&server, &cluster, &place).await;
 
-    let id = |node: usize| {
-        let line = cluster.nodes[node].myself().expect("CLUSTER NODES");
-        line.split_whitespace().next().expect("node id").to_owned()
-    };
-    let (from, to) = (id(place.primary), id(target));
+    let (from, to) = (node_id(&cluster, place.primary), node_id(&cluster, target));
     let moving = slot("closed", place.affected).to_string();
     let source = &cluster.nodes[place.primary];
     let destination = &cluster.nodes[target];
@@ -466,11 +468,7 @@ async fn a_migrating_slot_is_followed_with_asking() {
     let before = counter(&cluster, place.affected);
     assert!(before >= 10, "charged before the move: {before}");
 
-    let id = |node: usize| {
-        let line = cluster.nodes[node].myself().expect("CLUSTER NODES");
-        line.split_whitespace().next().expect("node id").to_owned()
-    };
-    let (from, to) = (id(place.primary), id(target));
+    let (from, to) = (node_id(&cluster, place.primary), node_id(&cluster, target));
     let source = &cluster.nodes[place.primary];
     let destination = &cluster.nodes[target];
     let slot_text = moving.to_string();

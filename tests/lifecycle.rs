@@ -2,8 +2,8 @@
 //! keep being answered through the drain delay, no call fails except by a clean refusal
 //! once the listener is closed, and the process exits 0 within the drain timeout.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,18 +11,9 @@ use sluice::proto::common::rate_limit_descriptor::Entry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::rls::RateLimitRequest;
+use support::process::SluiceProcess;
 
 const DRAIN_DELAY: Duration = Duration::from_secs(1);
-
-/// The sluice process, killed on drop.
-struct Sluice(Child);
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One call's outcome.
 struct Call {
@@ -45,49 +36,6 @@ fn request(n: u64) -> RateLimitRequest {
     }
 }
 
-/// Starts `sluice serve` on port 0 and reads the addresses from its JSON log.
-fn start(config: &std::path::Path) -> (Sluice, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--drain-delay",
-            "1s",
-            "--drain-timeout",
-            "5s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice");
-    let stdout = child.stdout.take().expect("stdout");
-    let sluice = Sluice(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-                panic!("--log-format json wrote a non-JSON line: {line}");
-            };
-            let fields = &json["fields"];
-            if fields["message"] == "sluice serving" {
-                let addr = |name: &str| fields[name].as_str().unwrap_or_default().to_owned();
-                let _ = tx.send((addr("grpc"), addr("http")));
-            }
-            eprintln!("sluice: {line}");
-        }
-    });
-    let (grpc, http) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("sluice logged its addresses");
-    (sluice, grpc, http)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_without_failing_a_call() {
     let config = tempfile::tempdir().expect("temp dir");
@@ -96,7 +44,10 @@ async fn sigterm_drains_without_failing_a_call() {
         "domain: life\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
     )
     .expect("write rules");
-    let (mut sluice, grpc, http) = start(config.path());
+    let (sluice, grpc, http) = SluiceProcess::serve(
+        config.path(),
+        &["--drain-delay", "1s", "--drain-timeout", "5s"],
+    );
     let readyz = format!("http://{http}/readyz");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !reqwest::get(&readyz)
@@ -135,13 +86,8 @@ async fn sigterm_drains_without_failing_a_call() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let pid = sluice.0.id().to_string();
     let term_sent = Instant::now();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
+    sluice.terminate();
 
     // Readiness turns false at once (the admin port stays open for the drain delay).
     loop {
@@ -166,18 +112,10 @@ async fn sigterm_drains_without_failing_a_call() {
     }
     let not_ready_after = term_sent.elapsed();
 
+    let mut sluice = sluice;
     let exit = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = sluice.0.try_wait().expect("wait") {
-                return (status, term_sent.elapsed());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sluice did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let status = sluice.wait_exit(Duration::from_secs(10));
+        (status, term_sent.elapsed())
     })
     .await
     .expect("wait task");

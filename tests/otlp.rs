@@ -8,10 +8,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -22,6 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use support::process::SluiceProcess;
 use support::redis::free_port;
 
 /// One exported span: its service, name and string attributes.
@@ -101,48 +100,6 @@ impl TraceService for Receiver {
     }
 }
 
-/// The sluice process, killed on drop.
-struct Sluice(Child);
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `sluice serve` exporting to `endpoint`; returns it and its gRPC address.
-fn start(config: &std::path::Path, endpoint: &str) -> (Sluice, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--log-format", "json", "--otlp-endpoint", endpoint])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice");
-    let stdout = child.stdout.take().expect("stdout");
-    let sluice = Sluice(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
-                let fields = &json["fields"];
-                if fields["message"] == "sluice serving" {
-                    let grpc = fields["grpc"].as_str().unwrap_or_default().to_owned();
-                    let _ = tx.send(grpc);
-                }
-            }
-            eprintln!("sluice: {line}");
-        }
-    });
-    let grpc = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("sluice logged its address");
-    (sluice, grpc)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
     let receiver = Receiver::default();
@@ -158,7 +115,9 @@ async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
         "rules.yaml",
         "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
     );
-    let (sluice, grpc) = start(config.path(), &format!("http://127.0.0.1:{port}"));
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (mut sluice, grpc, _) =
+        SluiceProcess::serve(config.path(), &["--otlp-endpoint", &endpoint]);
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect to sluice");
@@ -171,21 +130,11 @@ async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
 
     // The batch exporter sends every few seconds: stop Sluice now, and the spans still
     // batched must arrive before it exits.
-    let pid = sluice.0.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut sluice = sluice;
-    while sluice.0.try_wait().expect("wait").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "sluice did not exit after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sluice.terminate();
+    let exit = tokio::task::spawn_blocking(move || sluice.wait_exit(Duration::from_secs(15)))
+        .await
+        .expect("wait task");
+    assert!(exit.success(), "exit {exit:?}");
 
     let spans = receiver.spans();
     let requests: Vec<&Span> = spans.iter().filter(|s| s.name == "rls.request").collect();

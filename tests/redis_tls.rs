@@ -138,6 +138,20 @@ struct ClientFiles {
     key: PathBuf,
 }
 
+impl ClientFiles {
+    /// Sluice's flags for the three files.
+    fn flags(&self) -> [&str; 6] {
+        [
+            "--redis-tls-ca",
+            path(&self.ca),
+            "--redis-tls-cert",
+            path(&self.cert),
+            "--redis-tls-key",
+            path(&self.key),
+        ]
+    }
+}
+
 fn client_files(trusted: &Ca, issuer: &Ca) -> ClientFiles {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = dir.path().join("trusted-ca.crt");
@@ -226,18 +240,7 @@ async fn tls_with_client_certificate_and_minimal_acl_is_exact() {
     let ca = Ca::new("redis test ca");
     let redis = TlsRedis::start(&ca, &ca.server(&["localhost", "127.0.0.1"]));
     let files = client_files(&ca, &ca);
-    let server = sluice(
-        &redis.url(),
-        &[
-            "--redis-tls-ca",
-            path(&files.ca),
-            "--redis-tls-cert",
-            path(&files.cert),
-            "--redis-tls-key",
-            path(&files.key),
-        ],
-    )
-    .await;
+    let server = sluice(&redis.url(), &files.flags()).await;
     assert_exact(&server, "exact").await;
     assert!(
         log_lines_with("NOPERM").is_empty(),
@@ -255,18 +258,7 @@ async fn wrong_ca_takes_the_failure_mode_and_logs_without_the_password() {
     let other = Ca::new("some other ca");
     let redis = TlsRedis::start(&ca, &ca.server(&["localhost", "127.0.0.1"]));
     let files = client_files(&other, &ca);
-    let server = sluice(
-        &redis.url(),
-        &[
-            "--redis-tls-ca",
-            path(&files.ca),
-            "--redis-tls-cert",
-            path(&files.cert),
-            "--redis-tls-key",
-            path(&files.key),
-        ],
-    )
-    .await;
+    let server = sluice(&redis.url(), &files.flags()).await;
     assert_refused(&server, "wrong-ca").await;
     let lines = log_lines_with("UnknownIssuer");
     assert!(!lines.is_empty(), "no log line names the certificate error");
@@ -285,14 +277,7 @@ async fn hostname_mismatch_is_refused_unless_explicitly_skipped() {
     let ca = Ca::new("redis test ca");
     let redis = TlsRedis::start(&ca, &ca.server(&["redis.elsewhere.example"]));
     let files = client_files(&ca, &ca);
-    let flags = [
-        "--redis-tls-ca",
-        path(&files.ca),
-        "--redis-tls-cert",
-        path(&files.cert),
-        "--redis-tls-key",
-        path(&files.key),
-    ];
+    let flags = files.flags();
     let server = sluice(&redis.url(), &flags).await;
     assert_refused(&server, "hostname").await;
     assert!(
@@ -332,18 +317,7 @@ async fn rotated_ca_and_client_certificate_are_used_without_a_restart() {
     let redis = TlsRedis::start(&old, &old.server(&["localhost", "127.0.0.1"]));
     let port = redis.port;
     let files = client_files(&old, &old);
-    let server = sluice(
-        &redis.url(),
-        &[
-            "--redis-tls-ca",
-            path(&files.ca),
-            "--redis-tls-cert",
-            path(&files.cert),
-            "--redis-tls-key",
-            path(&files.key),
-        ],
-    )
-    .await;
+    let server = sluice(&redis.url(), &files.flags()).await;
     assert_exact(&server, "exact").await;
 
     drop(redis);

@@ -3,6 +3,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod fault;
+pub mod process;
 pub mod redis;
 
 use std::collections::HashMap;

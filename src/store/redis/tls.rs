@@ -87,20 +87,15 @@ impl RedisTls {
         }
     }
 
-    /// The server certificate verifier, from the CA file as it is now.
+    /// The WebPKI verifier of the CA file as it is now.
     fn verifier(
         &self,
         provider: &Arc<CryptoProvider>,
-    ) -> Result<Arc<dyn ServerCertVerifier>, RedisTlsError> {
+    ) -> Result<Arc<WebPkiServerVerifier>, RedisTlsError> {
         let roots = Arc::new(self.roots()?);
-        let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
             .build()
-            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))?;
-        if self.insecure_skip_hostname {
-            Ok(Arc::new(SkipHostname { inner }))
-        } else {
-            Ok(inner)
-        }
+            .map_err(|e| RedisTlsError::NoRoots(e.to_string()))
     }
 
     /// The CA bundle, or the system roots.
@@ -130,7 +125,9 @@ impl RedisTls {
     }
 }
 
-/// Verifies server certificates against the CA bundle as it is on disk.
+/// Verifies server certificates like rustls's WebPKI verifier, against the CA bundle
+/// as it is on disk; with `insecure_skip_hostname`, a name mismatch is accepted (the
+/// chain is still verified).
 #[derive(Debug)]
 struct ReloadingVerifier {
     /// The settings it is built from.
@@ -138,7 +135,7 @@ struct ReloadingVerifier {
     /// The signature algorithms.
     provider: Arc<CryptoProvider>,
     /// The verifier of the current CA bundle.
-    files: Reloading<Arc<dyn ServerCertVerifier>>,
+    files: Reloading<Arc<WebPkiServerVerifier>>,
 }
 
 // === impl ReloadingVerifier ===
@@ -166,7 +163,14 @@ impl ServerCertVerifier for ReloadingVerifier {
     ) -> Result<ServerCertVerified, RustlsError> {
         // Once per handshake: the moment to see a rotated CA bundle.
         let current = self.files.get(|| self.tls.verifier(&self.provider));
-        current.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        match current.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            // webpki checks the chain before the name: a name error means the chain is good.
+            Err(RustlsError::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if self.tls.insecure_skip_hostname => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(
@@ -256,61 +260,6 @@ fn certified_key(
     let chain = certificates(cert)?;
     let key_der = private_key(key)?;
     CertifiedKey::from_der(chain, key_der, provider).map_err(|e| invalid(key, e).into())
-}
-
-/// Verifies the chain like rustls's WebPKI verifier but accepts a name mismatch.
-#[derive(Debug)]
-struct SkipHostname {
-    inner: Arc<WebPkiServerVerifier>,
-}
-
-// === impl SkipHostname ===
-
-impl ServerCertVerifier for SkipHostname {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, RustlsError> {
-        // webpki checks the chain before the name: a name error means the chain is good.
-        match self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
-            Err(RustlsError::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, RustlsError> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, RustlsError> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ const SCENARIOS: &[&str] = &[
     "everything-memory",
     "existing-configmap",
     "redis",
+    "tls",
 ];
 
 #[test]
@@ -124,6 +125,10 @@ fn check_scenario(dir: &Path, scenario: &str) {
         assert_eq!(auth["name"], "REDIS_AUTH");
         assert_eq!(auth["valueFrom"]["secretKeyRef"]["name"], "redis-auth");
     }
+    if scenario == "tls" {
+        check_tls_files(&args, &container["pod"]);
+        assert_eq!(flag(&args, "--grpc-tls-client-san"), Some("envoy.example"));
+    }
     if container["check_args"] == Value::Bool(true) {
         check_serve_accepts(&args, &container["env"], &rules, scenario);
     }
@@ -159,6 +164,38 @@ fn check_serve_accepts(args: &[String], env: &Value, rules: &Path, scenario: &st
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Each TLS flag names a file of the right Secret, mounted read-only as a whole volume
+/// (no `subPath`, which the kubelet would never update: a renewed Secret must reach the
+/// running Sluice).
+fn check_tls_files(args: &[String], pod: &Value) {
+    let mounts = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts");
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    for (name, secret) in [
+        ("--redis-tls-ca", "redis-client-tls"),
+        ("--redis-tls-cert", "redis-client-tls"),
+        ("--redis-tls-key", "redis-client-tls"),
+        ("--grpc-tls-cert", "sluice-grpc-tls"),
+        ("--grpc-tls-key", "sluice-grpc-tls"),
+        ("--grpc-tls-client-ca", "sluice-grpc-tls"),
+    ] {
+        let path = flag(args, name).unwrap_or_else(|| panic!("tls: {name} missing"));
+        let (dir, _) = path.rsplit_once('/').expect("an absolute path");
+        let mount = mounts
+            .iter()
+            .find(|mount| mount["mountPath"] == dir)
+            .unwrap_or_else(|| panic!("tls: {name} {path}: no mount at {dir}"));
+        assert_eq!(mount["readOnly"], true, "{name}");
+        assert!(mount.get("subPath").is_none(), "{name}: subPath");
+        let volume = volumes
+            .iter()
+            .find(|volume| volume["name"] == mount["name"])
+            .expect("the mount's volume");
+        assert_eq!(volume["secret"]["secretName"], secret, "{name}");
+    }
 }
 
 /// The pod spec keeps its promises: probes, drain, non-root, read-only root, ports.

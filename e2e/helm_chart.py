@@ -77,6 +77,22 @@ SCENARIOS = {
         },
         True,
     ),
+    # TLS to a Redis Cluster and on the gRPC port, from cert-manager Secrets.
+    "tls": (
+        {
+            "store": "redis-cluster",
+            "redis": {
+                "url": "rediss://redis-0.redis.svc:6379,rediss://redis-1.redis.svc:6379",
+                "tls": {"existingSecret": "redis-client-tls"},
+            },
+            "grpcTls": {
+                "existingSecret": "sluice-grpc-tls",
+                "clientCa": "ca.crt",
+                "clientSans": ["envoy.example"],
+            },
+        },
+        True,
+    ),
 }
 
 # Values the schema must refuse.
@@ -87,6 +103,8 @@ BAD_VALUES = [
     {"unknownKey": 1},
     {"rules": {"no-extension": "domain: x"}},
     {"redis": {"url": "http://example:6379"}},
+    {"redis": {"tls": {"secret": "typo"}}},
+    {"grpcTls": {"existingSecret": "s", "cert": ""}},
     {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}},
 ]
 

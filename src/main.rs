@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(exit_code(ok))
         }
         Command::Bench(args) => {
-            let report = runtime(Some(args.threads))?.block_on(sluice::bench::run(&args))?;
+            let report = sluice::bench::run(&args)?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -15,7 +15,7 @@ pub mod memory;
 pub mod report;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -61,7 +61,8 @@ pub struct BenchArgs {
     /// Request-level hits addend (0: the server's default of one hit).
     #[arg(long, default_value_t = 0)]
     pub hits_addend: u32,
-    /// Client runtime threads.
+    /// Load threads, each with its own runtime, connections and share of the calls
+    /// (at most `--connections` and `--concurrency`).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Print the report as JSON.
@@ -80,16 +81,30 @@ pub enum BenchError {
         /// What failed.
         source: tonic::transport::Error,
     },
+    /// A load thread's runtime could not start.
+    #[error("starting a load thread's runtime: {0}")]
+    Runtime(std::io::Error),
     /// Nonsense flags.
     #[error("invalid bench settings: {0}")]
     Settings(&'static str),
 }
 
 /// Runs the load described by `args` and summarises it.
-pub async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
-    if args.concurrency == 0 || args.connections == 0 {
+///
+/// Each of `--threads` OS threads runs its own single-threaded runtime with its own
+/// connections and its share of the calls (as h2load and wrk do): no call waits behind a
+/// scheduler another thread's calls keep busy, and no wakeup crosses threads but the
+/// pacer's.
+pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
+    let threads = args.threads;
+    if args.concurrency == 0 || args.connections == 0 || threads == 0 {
         return Err(BenchError::Settings(
-            "concurrency and connections must be ≥ 1",
+            "concurrency, connections and threads must be ≥ 1",
+        ));
+    }
+    if threads > args.connections || threads > args.concurrency {
+        return Err(BenchError::Settings(
+            "threads must not exceed connections or concurrency",
         ));
     }
     if args
@@ -98,32 +113,210 @@ pub async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     {
         return Err(BenchError::Settings("rate must be a positive number"));
     }
-    let mut clients = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        let channel = connect(args.target).await?;
-        clients.push(RateLimitServiceClient::new(channel));
-    }
     let maker = Arc::new(RequestMaker::new(
         args.domain.clone(),
         args.descriptors.clone(),
         args.keys.clone(),
         args.hits_addend,
     ));
-    let start = Instant::now();
-    let measure_from = start + args.warmup;
-    let end = measure_from + args.duration;
-    let tally = match args.rate {
-        None => closed_loop(args, &clients, &maker, measure_from, end).await,
-        Some(rate) => open_loop(args, &clients, &maker, rate, measure_from, end).await,
+    let due: Vec<_> = (0..threads).map(|_| Arc::new(Semaphore::new(0))).collect();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let mut starts = Vec::with_capacity(threads);
+    let mut loads = Vec::with_capacity(threads);
+    for (index, thread_due) in due.iter().enumerate() {
+        let share = Share {
+            target: args.target,
+            connections: split(args.connections, threads, index),
+            concurrency: split(args.concurrency, threads, index),
+            first_worker: index * args.concurrency.div_ceil(threads),
+            due: args.rate.map(|_| thread_due.clone()),
+        };
+        let (start_tx, start_rx) = mpsc::channel();
+        starts.push(start_tx);
+        let ready = ready_tx.clone();
+        let maker = maker.clone();
+        loads.push(std::thread::spawn(move || {
+            share.run(&maker, &ready, &start_rx)
+        }));
+    }
+    drop(ready_tx);
+    let mut failure = None;
+    for ready in ready_rx.iter().take(threads) {
+        if let Err(error) = ready {
+            failure.get_or_insert(error);
+        }
+    }
+    let timeline = Timeline::starting_now(args.warmup, args.duration);
+    for start in &starts {
+        // A thread that could not connect has already returned.
+        let _ = start.send(failure.is_none().then_some(timeline));
+    }
+    let pacer = match (failure.is_none(), args.rate) {
+        (true, Some(rate)) => Some(std::thread::spawn(move || pace(&due, rate, timeline.end))),
+        _ => None,
     };
-    Ok(Report::new(
-        args.target.to_string(),
-        args.connections,
-        args.concurrency,
-        args.rate,
-        args.duration,
-        &tally,
-    ))
+    let mut tally = Tally::new();
+    for load in loads {
+        if let Ok(thread_tally) = load.join() {
+            tally.merge(&thread_tally);
+        }
+    }
+    if let Some(pacer) = pacer {
+        let _ = pacer.join();
+    }
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    Ok(Report::new(args, &tally))
+}
+
+/// The `index`-th of `parts` near-equal shares of `total`.
+fn split(total: usize, parts: usize, index: usize) -> usize {
+    total / parts + usize::from(index < total % parts)
+}
+
+/// When a run measures: from `measure_from` (after the warm-up) to `end`.
+#[derive(Clone, Copy, Debug)]
+struct Timeline {
+    measure_from: Instant,
+    end: Instant,
+}
+
+impl Timeline {
+    fn starting_now(warmup: Duration, duration: Duration) -> Self {
+        let measure_from = Instant::now() + warmup;
+        Self {
+            measure_from,
+            end: measure_from + duration,
+        }
+    }
+}
+
+/// One load thread's part of a run.
+struct Share {
+    target: SocketAddr,
+    connections: usize,
+    concurrency: usize,
+    /// Number of this thread's first worker (seeds each worker's key sequence).
+    first_worker: usize,
+    /// Open loop: where the pacer releases this thread's calls.
+    due: Option<Arc<Semaphore>>,
+}
+
+impl Share {
+    /// Connects, reports on `ready`, waits for the timeline (none: another thread failed
+    /// to connect) and runs the load on a runtime of its own.
+    fn run(
+        self,
+        maker: &Arc<RequestMaker>,
+        ready: &mpsc::Sender<Result<(), BenchError>>,
+        start: &mpsc::Receiver<Option<Timeline>>,
+    ) -> Tally {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                let _ = ready.send(Err(BenchError::Runtime(error)));
+                return Tally::new();
+            }
+        };
+        runtime.block_on(async {
+            let clients = match self.connect().await {
+                Ok(clients) => clients,
+                Err(error) => {
+                    let _ = ready.send(Err(error));
+                    return Tally::new();
+                }
+            };
+            let _ = ready.send(Ok(()));
+            let Ok(Some(timeline)) = start.recv() else {
+                return Tally::new();
+            };
+            match &self.due {
+                None => self.closed_loop(&clients, maker, timeline).await,
+                Some(due) => self.open_loop(&clients, maker, due, timeline).await,
+            }
+        })
+    }
+
+    async fn connect(&self) -> Result<Vec<Client>, BenchError> {
+        let mut clients = Vec::with_capacity(self.connections);
+        for _ in 0..self.connections {
+            let channel = connect(self.target).await?;
+            clients.push(RateLimitServiceClient::new(channel));
+        }
+        Ok(clients)
+    }
+
+    /// `concurrency` workers, each with one call in flight, spread over the clients.
+    async fn closed_loop(
+        &self,
+        clients: &[Client],
+        maker: &Arc<RequestMaker>,
+        timeline: Timeline,
+    ) -> Tally {
+        let workers: Vec<_> = (0..self.concurrency)
+            .map(|worker| {
+                let mut client = clients[worker % clients.len()].clone();
+                let maker = maker.clone();
+                let mut rng = Rng::new((self.first_worker + worker) as u64 + 1);
+                tokio::spawn(async move {
+                    let mut tally = Tally::new();
+                    loop {
+                        let sent = Instant::now();
+                        if sent >= timeline.end {
+                            break;
+                        }
+                        let request = maker.request(maker.key(&mut rng));
+                        let result = client.should_rate_limit(request).await;
+                        if sent >= timeline.measure_from {
+                            tally.record(sent.elapsed());
+                            count(&mut tally, result);
+                        }
+                    }
+                    tally
+                })
+            })
+            .collect();
+        gather(workers).await
+    }
+
+    /// Calls started when the pacer releases them on `due`, taken by whichever of the
+    /// `concurrency` workers is free. Latency runs from the call's start; a schedule the
+    /// workers cannot keep shows as a lower measured rate.
+    async fn open_loop(
+        &self,
+        clients: &[Client],
+        maker: &Arc<RequestMaker>,
+        due: &Arc<Semaphore>,
+        timeline: Timeline,
+    ) -> Tally {
+        let workers: Vec<_> = (0..self.concurrency)
+            .map(|worker| {
+                let mut client = clients[worker % clients.len()].clone();
+                let maker = maker.clone();
+                let due = due.clone();
+                let mut rng = Rng::new((self.first_worker + worker) as u64 + 1);
+                tokio::spawn(async move {
+                    let mut tally = Tally::new();
+                    while let Ok(permit) = due.acquire().await {
+                        permit.forget();
+                        let request = maker.request(maker.key(&mut rng));
+                        let sent = Instant::now();
+                        let result = client.should_rate_limit(request).await;
+                        if sent >= timeline.measure_from {
+                            tally.record(sent.elapsed());
+                            count(&mut tally, result);
+                        }
+                    }
+                    tally
+                })
+            })
+            .collect();
+        gather(workers).await
+    }
 }
 
 /// One HTTP/2 connection.
@@ -142,105 +335,35 @@ async fn connect(target: SocketAddr) -> Result<Channel, BenchError> {
 
 type Client = RateLimitServiceClient<Channel>;
 
-/// `concurrency` workers, each with one call in flight, spread over the clients.
-async fn closed_loop(
-    args: &BenchArgs,
-    clients: &[Client],
-    maker: &Arc<RequestMaker>,
-    measure_from: Instant,
-    end: Instant,
-) -> Tally {
-    let workers: Vec<_> = (0..args.concurrency)
-        .map(|worker| {
-            let mut client = clients[worker % clients.len()].clone();
-            let maker = maker.clone();
-            tokio::spawn(async move {
-                let mut tally = Tally::new();
-                let mut rng = Rng::new(worker as u64 + 1);
-                loop {
-                    let sent = Instant::now();
-                    if sent >= end {
-                        break;
-                    }
-                    let request = maker.request(maker.key(&mut rng));
-                    let result = client.should_rate_limit(request).await;
-                    if sent >= measure_from {
-                        tally.record(sent.elapsed());
-                        count(&mut tally, result);
-                    }
-                }
-                tally
-            })
-        })
-        .collect();
-    gather(workers).await
-}
-
-/// Calls started on a fixed schedule of `rate` per second: a pacer thread releases call
-/// `n` at `start + n / rate` (to within [`PACER_TICK`]; tokio's timer has millisecond
-/// granularity, which would send the calls in bursts, one per millisecond), taken by
-/// whichever of the `concurrency` workers is free. Latency runs from the call's start;
-/// a schedule the workers cannot keep shows as a lower measured rate.
-async fn open_loop(
-    args: &BenchArgs,
-    clients: &[Client],
-    maker: &Arc<RequestMaker>,
-    rate: f64,
-    measure_from: Instant,
-    end: Instant,
-) -> Tally {
-    let due = Arc::new(Semaphore::new(0));
-    let pacer = {
-        let due = due.clone();
-        std::thread::spawn(move || pace(&due, rate, end))
-    };
-    let workers: Vec<_> = (0..args.concurrency)
-        .map(|worker| {
-            let mut client = clients[worker % clients.len()].clone();
-            let maker = maker.clone();
-            let due = due.clone();
-            tokio::spawn(async move {
-                let mut tally = Tally::new();
-                let mut rng = Rng::new(worker as u64 + 1);
-                while let Ok(permit) = due.acquire().await {
-                    permit.forget();
-                    let request = maker.request(maker.key(&mut rng));
-                    let sent = Instant::now();
-                    let result = client.should_rate_limit(request).await;
-                    if sent >= measure_from {
-                        tally.record(sent.elapsed());
-                        count(&mut tally, result);
-                    }
-                }
-                tally
-            })
-        })
-        .collect();
-    let tally = gather(workers).await;
-    let _ = pacer.join();
-    tally
-}
-
 /// How often the pacer releases the calls that have become due.
 pub const PACER_TICK: Duration = Duration::from_micros(50);
 
-/// Releases `rate` calls per second on `due` until `end`, then closes it.
-fn pace(due: &Semaphore, rate: f64, end: Instant) {
+/// Releases `rate` calls per second until `end`, call `n` on `due[n % due.len()]` at
+/// `n / rate` seconds from now (to within [`PACER_TICK`]; tokio's timer has millisecond
+/// granularity, which would send the calls in bursts, one per millisecond), then closes
+/// every semaphore.
+fn pace(due: &[Arc<Semaphore>], rate: f64, end: Instant) {
     let start = Instant::now();
+    let threads = due.len() as u64;
     let mut released = 0u64;
     loop {
         let now = Instant::now();
         if now >= end {
-            due.close();
+            for semaphore in due {
+                semaphore.close();
+            }
             return;
         }
         let owed = ((now - start).as_secs_f64() * rate) as u64;
         if owed > released {
-            let batch = usize::try_from(owed - released)
-                .unwrap_or(usize::MAX)
-                .min(Semaphore::MAX_PERMITS / 2);
-            due.add_permits(batch);
-            released += batch as u64;
+            let batch = (owed - released).min(Semaphore::MAX_PERMITS as u64 / 2);
+            for (index, semaphore) in (0u64..).zip(due) {
+                // Calls in released..released + batch that fall to this thread.
+                let before = (released + threads - 1 - index) / threads;
+                let after = (released + batch + threads - 1 - index) / threads;
+                semaphore.add_permits((after - before) as usize);
+            }
+            released += batch;
         }
         std::thread::sleep(PACER_TICK);
     }
@@ -272,5 +395,36 @@ fn count(
                 .entry(format!("{:?}", status.code()))
                 .or_default() += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_and_differ_by_one_at_most() {
+        for total in 1..40 {
+            for parts in 1..=total.min(7) {
+                let shares: Vec<_> = (0..parts).map(|i| split(total, parts, i)).collect();
+                assert_eq!(shares.iter().sum::<usize>(), total);
+                let (min, max) = (shares.iter().min(), shares.iter().max());
+                assert!(max.zip(min).is_some_and(|(max, min)| max - min <= 1));
+            }
+        }
+    }
+
+    #[test]
+    fn the_pacer_deals_calls_in_turn_and_closes_every_thread() {
+        let due: Vec<_> = (0..3).map(|_| Arc::new(Semaphore::new(0))).collect();
+        pace(&due, 20_000.0, Instant::now() + Duration::from_millis(50));
+        let released: Vec<_> = due.iter().map(|s| s.available_permits()).collect();
+        let total: usize = released.iter().sum();
+        assert!((500..=1000).contains(&total), "{released:?}");
+        // Call n goes to thread n % 3: the first threads are ahead by one at most.
+        assert!(released
+            .windows(2)
+            .all(|w| w[0] >= w[1] && w[0] - w[1] <= 1));
+        assert!(due.iter().all(|s| s.is_closed()));
     }
 }

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+
+use super::BenchArgs;
 use serde::Serialize;
 
 /// Outcomes and latencies recorded by one worker (merged at the end).
@@ -81,6 +83,8 @@ pub struct Latency {
 pub struct Report {
     /// Server address.
     pub target: String,
+    /// Load threads.
+    pub threads: usize,
     /// HTTP/2 connections used.
     pub connections: usize,
     /// Calls in flight at most.
@@ -108,25 +112,19 @@ pub struct Report {
 }
 
 impl Report {
-    /// Summarises `tally` measured over `elapsed`.
-    pub fn new(
-        target: String,
-        connections: usize,
-        concurrency: usize,
-        rate: Option<f64>,
-        elapsed: Duration,
-        tally: &Tally,
-    ) -> Self {
+    /// Summarises `tally`, measured by the load `args` describe.
+    pub fn new(args: &BenchArgs, tally: &Tally) -> Self {
         let errors: u64 = tally.errors.values().sum();
         let requests = tally.ok + tally.over_limit + tally.unknown + errors;
-        let secs = elapsed.as_secs_f64();
+        let secs = args.duration.as_secs_f64();
         let h = &tally.latency;
         let ms = |micros: u64| micros as f64 / 1000.0;
         Self {
-            target,
-            connections,
-            concurrency,
-            rate,
+            target: args.target.to_string(),
+            threads: args.threads,
+            connections: args.connections,
+            concurrency: args.concurrency,
+            rate: args.rate,
             duration_secs: secs,
             requests,
             rps: if secs > 0.0 {
@@ -168,11 +166,12 @@ impl Report {
         };
         let l = &self.latency_ms;
         format!(
-            "target {}: {} connections, {} in flight, {mode}, {:.1} s measured\n\
+            "target {}: {} threads, {} connections, {} in flight, {mode}, {:.1} s measured\n\
              requests {}  {:.0} req/s\n\
              ok {}  over_limit {}  unknown {}  errors {}{errors}\n\
              latency ms  mean {:.3}  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}\n",
             self.target,
+            self.threads,
             self.connections,
             self.concurrency,
             self.duration_secs,

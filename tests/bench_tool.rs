@@ -1,0 +1,122 @@
+//! `sluice bench` against a real Sluice server: every call is counted once whatever the
+//! number of load threads, the open loop keeps its rate, OVER_LIMIT answers are told
+//! apart from OK, and bad flags or an unreachable target are errors, not empty reports.
+
+mod support;
+
+use clap::Parser;
+use sluice::bench::{self, BenchArgs, BenchError, Report};
+use sluice::settings::{Cli, Command};
+use support::TestServer;
+
+/// 50 calls an hour for the one key the load sends.
+const RULES: &str = "domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50}
+";
+
+async fn server() -> TestServer {
+    TestServer::start(&[("bench.yaml".into(), RULES.into())], &[], &[]).await
+}
+
+fn bench_args(flags: &[&str]) -> BenchArgs {
+    let argv = ["sluice", "bench"].iter().chain(flags);
+    match Cli::parse_from(argv).command {
+        Command::Bench(args) => *args,
+        _ => unreachable!("parsed the bench command"),
+    }
+}
+
+/// Runs the load off the test's runtime, which serves the target.
+async fn run(args: BenchArgs) -> Result<Report, BenchError> {
+    tokio::task::spawn_blocking(move || bench::run(&args))
+        .await
+        .expect("bench thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_of_every_thread_is_counted_once() {
+    let server = server().await;
+    let target = server.grpc.to_string();
+    let report = run(bench_args(&[
+        "--target",
+        &target,
+        "--threads",
+        "2",
+        "--connections",
+        "3",
+        "--concurrency",
+        "5",
+        "--duration",
+        "400ms",
+        "--warmup",
+        "0s",
+    ]))
+    .await
+    .expect("bench runs");
+    assert_eq!(
+        report.ok, 50,
+        "the limit admits 50 calls in all: {report:?}"
+    );
+    assert!(report.over_limit > 0, "{report:?}");
+    assert_eq!(report.requests, report.ok + report.over_limit, "{report:?}");
+    assert!(report.errors == 0, "{report:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_loop_keeps_its_rate_over_several_threads() {
+    let server = server().await;
+    let target = server.grpc.to_string();
+    let report = run(bench_args(&[
+        "--target",
+        &target,
+        "--threads",
+        "2",
+        "--connections",
+        "2",
+        "--concurrency",
+        "16",
+        "--rate",
+        "2000",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--keys",
+        "uniform:1000",
+    ]))
+    .await
+    .expect("bench runs");
+    assert!(
+        (1800..=2200).contains(&report.requests),
+        "2000 calls in the measured second: {report:?}"
+    );
+    assert!(report.errors == 0, "{report:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_target_is_an_error() {
+    let closed = support::redis::free_port();
+    let target = format!("127.0.0.1:{closed}");
+    let error = run(bench_args(&[
+        "--target",
+        &target,
+        "--threads",
+        "2",
+        "--duration",
+        "100ms",
+    ]))
+    .await
+    .expect_err("nothing listens there");
+    assert!(matches!(error, BenchError::Connect { .. }), "{error}");
+}
+
+#[test]
+fn more_threads_than_connections_is_refused() {
+    let args = bench_args(&["--threads", "3", "--connections", "2"]);
+    let error = bench::run(&args).expect_err("three threads cannot share two connections");
+    assert!(matches!(error, BenchError::Settings(_)), "{error}");
+}

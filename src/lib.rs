@@ -9,6 +9,7 @@ pub mod admin;
 pub mod algorithm;
 pub mod bench;
 pub mod clock;
+pub mod codec;
 pub mod commands;
 pub mod limiter;
 pub mod listener;

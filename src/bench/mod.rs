@@ -84,6 +84,10 @@ pub enum BenchError {
     /// A load thread's runtime could not start.
     #[error("starting a load thread's runtime: {0}")]
     Runtime(std::io::Error),
+    /// A load thread or the pacer panicked: its calls are unaccounted for, so the run
+    /// has no report.
+    #[error("a load thread stopped unexpectedly; the run is void")]
+    ThreadPanicked,
     /// Nonsense flags.
     #[error("invalid bench settings: {0}")]
     Settings(&'static str),
@@ -156,16 +160,21 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         _ => None,
     };
     let mut tally = Tally::new();
+    let mut panicked = false;
     for load in loads {
-        if let Ok(thread_tally) = load.join() {
-            tally.merge(&thread_tally);
+        match load.join() {
+            Ok(thread_tally) => tally.merge(&thread_tally),
+            Err(_) => panicked = true,
         }
     }
     if let Some(pacer) = pacer {
-        let _ = pacer.join();
+        panicked |= pacer.join().is_err();
     }
     if let Some(error) = failure {
         return Err(error);
+    }
+    if panicked {
+        return Err(BenchError::ThreadPanicked);
     }
     Ok(Report::new(args, &tally))
 }
@@ -369,12 +378,14 @@ fn pace(due: &[Arc<Semaphore>], rate: f64, end: Instant) {
     }
 }
 
-/// Sums the workers' tallies.
+/// Sums the workers' tallies. A worker's panic goes on to its load thread (whose run
+/// then has no report): its calls must not silently vanish from the counts.
 async fn gather(workers: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
     let mut total = Tally::new();
     for worker in workers {
-        if let Ok(tally) = worker.await {
-            total.merge(&tally);
+        match worker.await {
+            Ok(tally) => total.merge(&tally),
+            Err(error) => std::panic::resume_unwind(Box::new(error)),
         }
     }
     total

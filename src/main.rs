@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("binding {}", args.grpc_addr))?;
             eprintln!("constant-OK RLS server on {}", args.grpc_addr);
-            sluice::bench::ceiling::serve(listener, shutdown_signal()).await?;
+            sluice::bench::ceiling::serve(listener, args.workers, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }),
         Command::BenchMemory(args) => {

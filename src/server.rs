@@ -14,6 +14,7 @@ use tonic_health::ServingStatus;
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::Limiter;
+use crate::listener::lanes::{Lanes, MakeRouter};
 use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::{LiveRules, ReloadOutcome};
@@ -143,7 +144,8 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let result = serve(listeners, settings, store, clock, metrics, shutdown).await;
+            let lanes = Some(serving_threads(settings.workers));
+            let result = serve(listeners, settings, store, clock, metrics, lanes, shutdown).await;
             sweep.abort();
             result
         }
@@ -157,18 +159,20 @@ pub async fn run(
                 timeout = ?settings.redis.timeout,
                 "using redis"
             );
-            serve(listeners, settings, store, clock, metrics, shutdown).await
+            serve(listeners, settings, store, clock, metrics, None, shutdown).await
         }
     }
 }
 
-/// Serves with a given store.
+/// Serves with a given store: on `lanes_count` serving threads, or (`None`) on this
+/// runtime.
 async fn serve<S: Store>(
     listeners: Listeners,
     settings: Settings,
     store: S,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
+    lanes_count: Option<usize>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
@@ -232,15 +236,40 @@ async fn serve<S: Store>(
         None => None,
     };
     let (reflection_v1, reflection_v1alpha) = reflection_services();
-    let grpc = grpc_server_builder()
-        .add_service(health_service)
-        .add_service(rls)
-        .add_optional_service(reflection_v1)
-        .add_optional_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(
-            listener::incoming(listeners.grpc, tls),
-            wait_for(stop_rx.clone()),
-        );
+    let make_router: MakeRouter = Arc::new(move || {
+        grpc_server_builder()
+            .add_service(health_service.clone())
+            .add_service(rls.clone())
+            .add_optional_service(reflection_v1.clone())
+            .add_optional_service(reflection_v1alpha.clone())
+    });
+    // Decisions in memory: a lane per core. With Redis every call meets the one
+    // batcher on this runtime, so calls stay here (see `listener::lanes`).
+    let (mut lanes, shared) =
+        match lanes_count {
+            Some(count) => {
+                let lanes = Lanes::start(listeners.grpc, tls, count, &make_router, &stop_rx)
+                    .map_err(|e| ServerError::Listener {
+                        listener: "grpc",
+                        source: Box::new(e),
+                    })?;
+                (Some(lanes), None)
+            }
+            None => {
+                let shared = make_router().serve_with_incoming_shutdown(
+                    listener::incoming(listeners.grpc, tls),
+                    wait_for(stop_rx.clone()),
+                );
+                (None, Some(shared))
+            }
+        };
+    let grpc = async {
+        match (lanes.as_mut(), shared) {
+            (Some(lanes), _) => lanes.finished().await,
+            (None, Some(shared)) => shared.await,
+            (None, None) => Ok(()),
+        }
+    };
     let admin_state = Arc::new(AdminState {
         service: service.clone(),
         metrics: metrics.clone(),
@@ -297,6 +326,14 @@ async fn serve<S: Store>(
     }
     tracing::info!("sluice stopped");
     result
+}
+
+/// gRPC serving threads for a `--workers` setting (`None`: one per core).
+pub fn serving_threads(workers: Option<usize>) -> usize {
+    workers
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that

@@ -142,9 +142,12 @@ async fn sigterm_drains_without_failing_a_call() {
                 // backlog took just as the listener closed, reset without being served
                 // (the client sees ECONNRESET, or EPIPE when its write comes after the
                 // reset), or a stream the client opened as the server's graceful GOAWAY
-                // (NO_ERROR) arrived, above its last stream id: not processed.
+                // (NO_ERROR) arrived, above its last stream id: not processed; or a new
+                // connection accepted but closed unserved as the server stopped, before
+                // its HTTP/2 handshake (hyper's "connection was not ready").
                 let never_sent = status.code() == tonic::Code::Cancelled
-                    && format!("{status:?}").contains("connection closed");
+                    && (format!("{status:?}").contains("connection closed")
+                        || format!("{status:?}").contains("connection was not ready"));
                 let reset_unserved = status.code() == tonic::Code::Unknown
                     && (format!("{status:?}").contains("ConnectionReset")
                         || format!("{status:?}").contains("BrokenPipe"));

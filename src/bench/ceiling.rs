@@ -5,14 +5,17 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
+
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::listener::incoming;
+use crate::listener::lanes::{Lanes, LanesError, MakeRouter};
 use crate::proto::rls::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use crate::server::grpc_server_builder;
+use crate::server::{grpc_server_builder, serving_threads};
 
 /// Answers OK to everything, one OK status per descriptor, deciding nothing.
 #[derive(Clone, Copy, Debug, Default)]
@@ -41,13 +44,26 @@ impl RateLimitService for ConstantOk {
     }
 }
 
-/// Serves [`ConstantOk`] on `listener` until `shutdown` completes.
+/// Serves [`ConstantOk`] on `listener` until `shutdown` completes, on the serving
+/// threads `sluice serve` would use for `workers`.
 pub async fn serve(
     listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
-    grpc_server_builder()
-        .add_service(RateLimitServiceServer::new(ConstantOk))
-        .serve_with_incoming_shutdown(incoming(listener, None), shutdown)
-        .await
+    workers: Option<usize>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), LanesError> {
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let make_router: MakeRouter =
+        Arc::new(|| grpc_server_builder().add_service(RateLimitServiceServer::new(ConstantOk)));
+    let mut lanes = Lanes::start(
+        listener,
+        None,
+        serving_threads(workers),
+        &make_router,
+        &stop,
+    )?;
+    Ok(lanes.finished().await?)
 }

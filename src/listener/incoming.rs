@@ -20,7 +20,7 @@ use super::HANDSHAKE_TIMEOUT;
 /// Ready connections waiting for tonic; past this, accepting waits.
 const READY_QUEUE: usize = 1024;
 /// Pause after an accept error (e.g. out of file descriptors) before trying again.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// One accepted gRPC connection.
 pub enum GrpcIo {
@@ -44,14 +44,35 @@ pub fn incoming(listener: TcpListener, tls: Option<Arc<ReloadingTls>>) -> Incomi
     Incoming { ready, acceptor }
 }
 
+/// Connections accepted elsewhere (see [`super::lanes`]) and sent here as standard
+/// sockets: each is registered with this runtime, then prepared as [`incoming`] does.
+pub fn incoming_dealt(
+    mut dealt: mpsc::Receiver<std::net::TcpStream>,
+    tls: Option<Arc<ReloadingTls>>,
+) -> Incoming {
+    let (ready_tx, ready) = mpsc::channel(READY_QUEUE);
+    let acceptor = tokio::spawn(async move {
+        while let Some(stream) = dealt.recv().await {
+            if ready_tx.is_closed() {
+                return;
+            }
+            match TcpStream::from_std(stream) {
+                Ok(stream) => hand_over(stream, tls.clone(), ready_tx.clone()),
+                Err(error) => tracing::warn!(%error, "gRPC connection not registered"),
+            }
+        }
+    });
+    Incoming { ready, acceptor }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
     ready: mpsc::Sender<GrpcIo>,
 ) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
             Err(error) => {
                 tracing::warn!(%error, "gRPC accept failed");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -61,21 +82,28 @@ async fn accept_loop(
         if ready.is_closed() {
             return;
         }
-        let _ = stream.set_nodelay(true);
-        let tls = tls.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, prepare(stream, tls)).await {
-                Ok(Ok(io)) => {
-                    let _ = ready.send(io).await;
-                }
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "gRPC connection refused");
-                }
-                Err(_) => tracing::debug!(%peer, "gRPC connection idle before handshake; closed"),
-            }
-        });
+        hand_over(stream, tls.clone(), ready.clone());
     }
+}
+
+/// Prepares `stream` in a task of its own, under [`HANDSHAKE_TIMEOUT`], then puts it
+/// on `ready`.
+fn hand_over(stream: TcpStream, tls: Option<Arc<ReloadingTls>>, ready: mpsc::Sender<GrpcIo>) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string());
+    tokio::spawn(async move {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, prepare(stream, tls)).await {
+            Ok(Ok(io)) => {
+                let _ = ready.send(io).await;
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "gRPC connection refused");
+            }
+            Err(_) => tracing::debug!(%peer, "gRPC connection idle before handshake; closed"),
+        }
+    });
 }
 
 /// Waits for the client's first bytes (plaintext) or completes the TLS handshake.

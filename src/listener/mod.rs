@@ -6,12 +6,13 @@
 //! slow sockets cannot hold up others and are closed when the timeout passes.
 
 mod incoming;
+pub mod lanes;
 pub mod tls;
 mod verify;
 
 use std::time::Duration;
 
-pub use incoming::{incoming, GrpcIo, Incoming};
+pub use incoming::{incoming, incoming_dealt, GrpcIo, Incoming};
 
 /// Longest wait for a new connection's first byte (plaintext) or TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

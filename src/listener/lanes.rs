@@ -1,0 +1,176 @@
+//! Thread-per-core serving: the gRPC listener's connections are dealt in turn to serving
+//! threads ("lanes"), each with its own single-threaded runtime and its own copy of the
+//! tonic server, so a call is read, decided and answered on one thread.
+//!
+//! On tokio's multi-threaded runtime every new task (hyper spawns one per HTTP/2 stream)
+//! may wake an idle sibling worker to steal it. At moderate load those wakeups cost more
+//! CPU than the call itself and put queues between threads; at saturation they vanish.
+//! A lane never hands a call to another thread; the admin port and reloads stay on the
+//! main runtime.
+//!
+//! Used with the memory store (and the bench ceiling). With a Redis store every call
+//! goes through the one batcher and its client tasks on the main runtime: from lanes,
+//! each call crossed threads twice, which cost ~60 % more server CPU per call and ~20 %
+//! of the throughput (measured), so Redis stores serve on the main runtime.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::transport::server::Router;
+
+use super::incoming::incoming_dealt;
+use super::tls::ReloadingTls;
+
+/// Connections dealt to one lane but not yet taken up by it.
+const DEALT_QUEUE: usize = 1024;
+
+/// Builds a lane's gRPC router (its services; each lane serves its own copy).
+pub type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
+
+/// The serving threads.
+pub struct Lanes {
+    lanes: Vec<Lane>,
+    dealer: tokio::task::JoinHandle<()>,
+}
+
+struct Lane {
+    done: Option<oneshot::Receiver<Result<(), tonic::transport::Error>>>,
+    /// Dropped to make the lane close its connections at once.
+    abort: Option<oneshot::Sender<()>>,
+}
+
+/// Why lanes could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum LanesError {
+    /// A lane's server failed.
+    #[error("gRPC serving: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A serving thread or its runtime could not start.
+    #[error("starting gRPC serving thread {index}: {source}")]
+    Start {
+        /// Which lane.
+        index: usize,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+impl Lanes {
+    /// Starts `count` (at least one) serving threads, each serving `make_router()`'s
+    /// router until `stop` turns true, and a task on the current runtime that accepts
+    /// on `listener` and deals the connections in turn. With `tls`, each lane
+    /// handshakes its own connections.
+    pub fn start(
+        listener: TcpListener,
+        tls: Option<Arc<ReloadingTls>>,
+        count: usize,
+        make_router: &MakeRouter,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Self, LanesError> {
+        let mut lanes = Vec::with_capacity(count.max(1));
+        let mut dealt = Vec::with_capacity(count.max(1));
+        for index in 0..count.max(1) {
+            let (deal_tx, deal_rx) = mpsc::channel(DEALT_QUEUE);
+            let (done_tx, done) = oneshot::channel();
+            let (abort, aborted) = oneshot::channel::<()>();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| LanesError::Start { index, source })?;
+            let router = make_router.clone();
+            let tls = tls.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("sluice-grpc-{index}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        let server = router().serve_with_incoming_shutdown(
+                            incoming_dealt(deal_rx, tls),
+                            stopped(stop),
+                        );
+                        let result = tokio::select! {
+                            result = server => result,
+                            _ = aborted => Ok(()),
+                        };
+                        let _ = done_tx.send(result);
+                    });
+                })
+                .map_err(|source| LanesError::Start { index, source })?;
+            lanes.push(Lane {
+                done: Some(done),
+                abort: Some(abort),
+            });
+            dealt.push(deal_tx);
+        }
+        let dealer = tokio::spawn(deal(listener, dealt, stop.clone()));
+        Ok(Self { lanes, dealer })
+    }
+
+    /// Completes when every lane has stopped serving (after `stop`, once its
+    /// connections have finished), with the first lane's error if any.
+    pub async fn finished(&mut self) -> Result<(), tonic::transport::Error> {
+        let mut first_error = Ok(());
+        for lane in &mut self.lanes {
+            if let Some(done) = lane.done.take() {
+                if let Ok(Err(error)) = done.await {
+                    if first_error.is_ok() {
+                        first_error = Err(error);
+                    }
+                }
+            }
+        }
+        first_error
+    }
+}
+
+impl Drop for Lanes {
+    /// Stops accepting and makes every lane close its remaining connections; each
+    /// thread then ends on its own.
+    fn drop(&mut self) {
+        self.dealer.abort();
+        for lane in &mut self.lanes {
+            lane.abort.take();
+        }
+    }
+}
+
+/// Accepts until `stop` and deals each connection to the next lane.
+async fn deal(
+    listener: TcpListener,
+    lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next = 0usize;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stopped_ref(&mut stop) => return,
+        };
+        let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "gRPC accept failed");
+                tokio::time::sleep(super::incoming::ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let lane = &lanes[next % lanes.len()];
+        next = next.wrapping_add(1);
+        if lane.send(stream).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    stopped_ref(&mut stop).await;
+}
+
+async fn stopped_ref(stop: &mut watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -74,7 +74,7 @@ pub struct BenchServerArgs {
     /// gRPC listener.
     #[arg(long, default_value = "127.0.0.1:8091")]
     pub grpc_addr: SocketAddr,
-    /// Tokio worker threads [default: number of cores].
+    /// Serving threads (one current-thread runtime each) [default: number of cores].
     #[arg(long)]
     pub workers: Option<usize>,
 }
@@ -151,7 +151,8 @@ pub struct ServeArgs {
     /// Most limit states the memory store holds before evicting.
     #[arg(long, env = "SLUICE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub memory_max_keys: usize,
-    /// Tokio worker threads [default: number of cores].
+    /// Tokio worker threads; with the memory store, also the gRPC serving threads (one
+    /// current-thread runtime each, connections dealt in turn) [default: number of cores].
     #[arg(long, env = "SLUICE_WORKERS")]
     pub workers: Option<usize>,
     /// Log format [default: text, or LOG_FORMAT].

@@ -113,10 +113,14 @@ impl Lanes {
         let mut first_error = Ok(());
         for lane in &mut self.lanes {
             if let Some(done) = lane.done.take() {
-                if let Ok(Err(error)) = done.await {
-                    if first_error.is_ok() {
-                        first_error = Err(error);
+                match done.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        if first_error.is_ok() {
+                            first_error = Err(error);
+                        }
                     }
+                    Err(_) => tracing::error!("a gRPC serving thread ended without stopping"),
                 }
             }
         }
@@ -135,10 +139,11 @@ impl Drop for Lanes {
     }
 }
 
-/// Accepts until `stop` and deals each connection to the next lane.
+/// Accepts until `stop` and deals each connection to the next lane. A lane that has
+/// stopped taking connections leaves the rotation; with none left, accepting ends.
 async fn deal(
     listener: TcpListener,
-    lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    mut lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut next = 0usize;
@@ -147,7 +152,7 @@ async fn deal(
             accepted = listener.accept() => accepted,
             () = stopped_ref(&mut stop) => return,
         };
-        let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+        let mut stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::warn!(%error, "gRPC accept failed");
@@ -155,10 +160,20 @@ async fn deal(
                 continue;
             }
         };
-        let lane = &lanes[next % lanes.len()];
-        next = next.wrapping_add(1);
-        if lane.send(stream).await.is_err() {
-            return;
+        loop {
+            if lanes.is_empty() {
+                return;
+            }
+            let index = next % lanes.len();
+            next = next.wrapping_add(1);
+            match lanes[index].send(stream).await {
+                Ok(()) => break,
+                Err(mpsc::error::SendError(back)) => {
+                    tracing::error!("a gRPC serving thread stopped; dealing to the others");
+                    lanes.swap_remove(index);
+                    stream = back;
+                }
+            }
         }
     }
 }
@@ -172,5 +187,85 @@ async fn stopped_ref(stop: &mut watch::Receiver<bool>) {
         if stop.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::core::HeaderValue;
+    use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+    use crate::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+    use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
+    use crate::server::grpc_server_builder;
+    use tonic::{Request, Response, Status};
+
+    /// Answers with the name of the thread that served the call.
+    struct ThreadName;
+
+    #[tonic::async_trait]
+    impl RateLimitService for ThreadName {
+        async fn should_rate_limit(
+            &self,
+            _: Request<RateLimitRequest>,
+        ) -> Result<Response<RateLimitResponse>, Status> {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            Ok(Response::new(RateLimitResponse {
+                response_headers_to_add: vec![HeaderValue {
+                    key: "thread".into(),
+                    value: name,
+                    ..HeaderValue::default()
+                }],
+                ..RateLimitResponse::default()
+            }))
+        }
+    }
+
+    async fn served_by(addr: std::net::SocketAddr) -> Result<String, String> {
+        let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let response = client
+            .should_rate_limit(RateLimitRequest::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(response.into_inner().response_headers_to_add[0]
+            .value
+            .clone())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_are_dealt_in_turn_and_stop_closes_the_listener() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop) = watch::channel(false);
+        let make_router: MakeRouter =
+            Arc::new(|| grpc_server_builder().add_service(RateLimitServiceServer::new(ThreadName)));
+        let mut lanes = Lanes::start(listener, None, 2, &make_router, &stop).expect("lanes");
+
+        let mut threads = Vec::new();
+        for _ in 0..4 {
+            threads.push(served_by(addr).await.expect("served"));
+        }
+        assert_eq!(
+            threads,
+            [
+                "sluice-grpc-0",
+                "sluice-grpc-1",
+                "sluice-grpc-0",
+                "sluice-grpc-1"
+            ],
+            "one connection per call, dealt in turn"
+        );
+
+        stop_tx.send(true).expect("stop");
+        tokio::time::timeout(std::time::Duration::from_secs(10), lanes.finished())
+            .await
+            .expect("lanes finish after stop")
+            .expect("no serving error");
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(5), served_by(addr))
+            .await
+            .expect("an answer or a refusal, quickly");
+        assert!(refused.is_err(), "listener closed after stop: {refused:?}");
     }
 }

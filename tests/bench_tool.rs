@@ -20,8 +20,11 @@ async fn server() -> TestServer {
     TestServer::start(&[("bench.yaml".into(), RULES.into())], &[], &[]).await
 }
 
-fn bench_args(flags: &[&str]) -> BenchArgs {
-    let argv = ["sluice", "bench"].iter().chain(flags);
+/// `sluice bench` parsed from `flags`, whitespace-separated.
+fn bench_args(flags: &str) -> BenchArgs {
+    let argv = ["sluice", "bench"]
+        .into_iter()
+        .chain(flags.split_whitespace());
     match Cli::parse_from(argv).command {
         Command::Bench(args) => *args,
         _ => unreachable!("parsed the bench command"),
@@ -39,20 +42,10 @@ async fn run(args: BenchArgs) -> Result<Report, BenchError> {
 async fn every_call_of_every_thread_is_counted_once() {
     let server = server().await;
     let target = server.grpc.to_string();
-    let report = run(bench_args(&[
-        "--target",
-        &target,
-        "--threads",
-        "2",
-        "--connections",
-        "3",
-        "--concurrency",
-        "5",
-        "--duration",
-        "400ms",
-        "--warmup",
-        "0s",
-    ]))
+    let report = run(bench_args(&format!(
+        "--target {target} --threads 2 --connections 3 --concurrency 5 \
+         --duration 400ms --warmup 0s"
+    )))
     .await
     .expect("bench runs");
     assert_eq!(
@@ -69,24 +62,10 @@ async fn every_call_of_every_thread_is_counted_once() {
 async fn the_open_loop_keeps_its_rate_over_several_threads() {
     let server = server().await;
     let target = server.grpc.to_string();
-    let report = run(bench_args(&[
-        "--target",
-        &target,
-        "--threads",
-        "2",
-        "--connections",
-        "2",
-        "--concurrency",
-        "16",
-        "--rate",
-        "2000",
-        "--duration",
-        "1s",
-        "--warmup",
-        "200ms",
-        "--keys",
-        "uniform:1000",
-    ]))
+    let report = run(bench_args(&format!(
+        "--target {target} --threads 2 --connections 2 --concurrency 16 \
+         --rate 2000 --duration 1s --warmup 200ms --keys uniform:1000"
+    )))
     .await
     .expect("bench runs");
     assert!(
@@ -101,14 +80,9 @@ async fn the_open_loop_keeps_its_rate_over_several_threads() {
 async fn an_unreachable_target_is_an_error() {
     let closed = support::redis::free_port();
     let target = format!("127.0.0.1:{closed}");
-    let error = run(bench_args(&[
-        "--target",
-        &target,
-        "--threads",
-        "2",
-        "--duration",
-        "100ms",
-    ]))
+    let error = run(bench_args(&format!(
+        "--target {target} --threads 2 --duration 100ms"
+    )))
     .await
     .expect_err("nothing listens there");
     assert!(matches!(error, BenchError::Connect { .. }), "{error}");
@@ -116,7 +90,7 @@ async fn an_unreachable_target_is_an_error() {
 
 #[test]
 fn more_threads_than_connections_is_refused() {
-    let args = bench_args(&["--threads", "3", "--connections", "2"]);
+    let args = bench_args("--threads 3 --connections 2");
     let error = bench::run(&args).expect_err("three threads cannot share two connections");
     assert!(matches!(error, BenchError::Settings(_)), "{error}");
 }

@@ -259,6 +259,16 @@ impl Share {
         Ok(clients)
     }
 
+    /// This thread's `worker`-th worker, on its share of the clients.
+    fn worker(&self, worker: usize, clients: &[Client], maker: &Arc<RequestMaker>) -> Worker {
+        Worker {
+            client: clients[worker % clients.len()].clone(),
+            maker: maker.clone(),
+            rng: Rng::new((self.first_worker + worker) as u64 + 1),
+            tally: Tally::new(),
+        }
+    }
+
     /// `concurrency` workers, each with one call in flight, spread over the clients.
     async fn closed_loop(
         &self,
@@ -267,25 +277,13 @@ impl Share {
         timeline: Timeline,
     ) -> Tally {
         let workers: Vec<_> = (0..self.concurrency)
-            .map(|worker| {
-                let mut client = clients[worker % clients.len()].clone();
-                let maker = maker.clone();
-                let mut rng = Rng::new((self.first_worker + worker) as u64 + 1);
+            .map(|index| {
+                let mut worker = self.worker(index, clients, maker);
                 tokio::spawn(async move {
-                    let mut tally = Tally::new();
-                    loop {
-                        let sent = Instant::now();
-                        if sent >= timeline.end {
-                            break;
-                        }
-                        let request = maker.request(maker.key(&mut rng));
-                        let result = client.should_rate_limit(request).await;
-                        if sent >= timeline.measure_from {
-                            tally.record(sent.elapsed());
-                            count(&mut tally, result);
-                        }
+                    while Instant::now() < timeline.end {
+                        worker.call(timeline.measure_from).await;
                     }
-                    tally
+                    worker.tally
                 })
             })
             .collect();
@@ -303,28 +301,40 @@ impl Share {
         timeline: Timeline,
     ) -> Tally {
         let workers: Vec<_> = (0..self.concurrency)
-            .map(|worker| {
-                let mut client = clients[worker % clients.len()].clone();
-                let maker = maker.clone();
+            .map(|index| {
+                let mut worker = self.worker(index, clients, maker);
                 let due = due.clone();
-                let mut rng = Rng::new((self.first_worker + worker) as u64 + 1);
                 tokio::spawn(async move {
-                    let mut tally = Tally::new();
                     while let Ok(permit) = due.acquire().await {
                         permit.forget();
-                        let request = maker.request(maker.key(&mut rng));
-                        let sent = Instant::now();
-                        let result = client.should_rate_limit(request).await;
-                        if sent >= timeline.measure_from {
-                            tally.record(sent.elapsed());
-                            count(&mut tally, result);
-                        }
+                        worker.call(timeline.measure_from).await;
                     }
-                    tally
+                    worker.tally
                 })
             })
             .collect();
         gather(workers).await
+    }
+}
+
+/// One worker: its connection, its key sequence and what it has measured.
+struct Worker {
+    client: Client,
+    maker: Arc<RequestMaker>,
+    rng: Rng,
+    tally: Tally,
+}
+
+impl Worker {
+    /// Makes one call; counts it if it started at or after `measure_from`.
+    async fn call(&mut self, measure_from: Instant) {
+        let request = self.maker.request(self.maker.key(&mut self.rng));
+        let sent = Instant::now();
+        let result = self.client.should_rate_limit(request).await;
+        if sent >= measure_from {
+            self.tally.record(sent.elapsed());
+            count(&mut self.tally, result);
+        }
     }
 }
 

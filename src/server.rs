@@ -258,7 +258,7 @@ async fn serve<S: Store>(
             None => {
                 let shared = make_router().serve_with_incoming_shutdown(
                     listener::incoming(listeners.grpc, tls),
-                    wait_for(stop_rx.clone()),
+                    listener::stopped(stop_rx.clone()),
                 );
                 (None, Some(shared))
             }
@@ -277,7 +277,7 @@ async fn serve<S: Store>(
         debug_endpoints: settings.debug_endpoints,
     });
     let http = axum::serve(listeners.http, admin::router(admin_state))
-        .with_graceful_shutdown(wait_for(stop_rx.clone()));
+        .with_graceful_shutdown(listener::stopped(stop_rx.clone()));
     tracing::info!(grpc = %grpc_addr, http = %http_addr, config = %settings.config.display(), "sluice serving");
 
     let drain_delay = settings.drain_delay;
@@ -443,13 +443,4 @@ fn reflection_services() -> (
         .map_err(|error| tracing::warn!(%error, "gRPC reflection (v1alpha) unavailable"))
         .ok();
     (v1, v1alpha)
-}
-
-/// Completes when the stop flag turns true.
-async fn wait_for(mut stop: watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        if stop.changed().await.is_err() {
-            return;
-        }
-    }
 }

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::Router;
 
 use super::incoming::incoming_dealt;
+use super::stopped;
 use super::tls::ReloadingTls;
 
 /// Connections dealt to one lane but not yet taken up by it.
@@ -144,13 +145,13 @@ impl Drop for Lanes {
 async fn deal(
     listener: TcpListener,
     mut lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let mut next = 0usize;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = stopped_ref(&mut stop) => return,
+            () = stopped(stop.clone()) => return,
         };
         let mut stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
             Ok(stream) => stream,
@@ -174,18 +175,6 @@ async fn deal(
                     stream = back;
                 }
             }
-        }
-    }
-}
-
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    stopped_ref(&mut stop).await;
-}
-
-async fn stopped_ref(stop: &mut watch::Receiver<bool>) {
-    while !*stop.borrow_and_update() {
-        if stop.changed().await.is_err() {
-            return;
         }
     }
 }

@@ -31,6 +31,15 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a PING may go unanswered before the connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Completes when the stop flag turns true (or its sender is gone).
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A tonic server builder with Sluice's HTTP/2 limits.
 pub fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()

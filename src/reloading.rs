@@ -54,7 +54,7 @@ impl<T> Reloading<T> {
     /// attempt. A failed rebuild is logged and the previous value returned.
     pub fn get<E: Display>(&self, build: impl FnOnce() -> Result<T, E>) -> Arc<T> {
         if self.paths.is_empty() {
-            return self.current.load_full();
+            return self.current();
         }
         let now = stamps(&self.paths);
         if let Ok(mut seen) = self.seen.lock() {
@@ -75,7 +75,7 @@ impl<T> Reloading<T> {
                 }
             }
         }
-        self.current.load_full()
+        self.current()
     }
 
     /// The current value, without looking at the files.

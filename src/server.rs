@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::Either;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
@@ -245,30 +246,20 @@ async fn serve<S: Store>(
     });
     // Decisions in memory: a lane per core. With Redis every call meets the one
     // batcher on this runtime, so calls stay here (see `listener::lanes`).
-    let (mut lanes, shared) =
-        match lanes_count {
-            Some(count) => {
-                let lanes = Lanes::start(listeners.grpc, tls, count, &make_router, &stop_rx)
-                    .map_err(|e| ServerError::Listener {
-                        listener: "grpc",
-                        source: Box::new(e),
-                    })?;
-                (Some(lanes), None)
-            }
-            None => {
-                let shared = make_router().serve_with_incoming_shutdown(
-                    listener::incoming(listeners.grpc, tls),
-                    listener::stopped(stop_rx.clone()),
-                );
-                (None, Some(shared))
-            }
-        };
-    let grpc = async {
-        match (lanes.as_mut(), shared) {
-            (Some(lanes), _) => lanes.finished().await,
-            (None, Some(shared)) => shared.await,
-            (None, None) => Ok(()),
+    let grpc = match lanes_count {
+        Some(count) => {
+            let mut lanes = Lanes::start(listeners.grpc, tls, count, &make_router, &stop_rx)
+                .map_err(|e| ServerError::Listener {
+                    listener: "grpc",
+                    source: Box::new(e),
+                })?;
+            // Dropping the lanes (after the drain timeout) closes what is left.
+            Either::Left(async move { lanes.finished().await })
         }
+        None => Either::Right(make_router().serve_with_incoming_shutdown(
+            listener::incoming(listeners.grpc, tls),
+            listener::stopped(stop_rx.clone()),
+        )),
     };
     let admin_state = Arc::new(AdminState {
         service: service.clone(),

@@ -19,7 +19,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::rls::rate_limit_response::Code;
@@ -135,12 +135,12 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
             first_worker: index * args.concurrency.div_ceil(threads),
             due: args.rate.map(|_| thread_due.clone()),
         };
-        let (start_tx, start_rx) = mpsc::channel();
+        let (start_tx, start_rx) = oneshot::channel();
         starts.push(start_tx);
         let ready = ready_tx.clone();
         let maker = maker.clone();
         loads.push(std::thread::spawn(move || {
-            share.run(&maker, &ready, &start_rx)
+            share.run(&maker, &ready, start_rx)
         }));
     }
     drop(ready_tx);
@@ -151,7 +151,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         }
     }
     let timeline = Timeline::starting_now(args.warmup, args.duration);
-    for start in &starts {
+    for start in starts {
         // A thread that could not connect has already returned.
         let _ = start.send(failure.is_none().then_some(timeline));
     }
@@ -219,7 +219,7 @@ impl Share {
         self,
         maker: &Arc<RequestMaker>,
         ready: &mpsc::Sender<Result<(), BenchError>>,
-        start: &mpsc::Receiver<Option<Timeline>>,
+        start: oneshot::Receiver<Option<Timeline>>,
     ) -> Tally {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -240,7 +240,8 @@ impl Share {
                 }
             };
             let _ = ready.send(Ok(()));
-            let Ok(Some(timeline)) = start.recv() else {
+            // Awaited, not blocked on: the connections' tasks run meanwhile.
+            let Ok(Some(timeline)) = start.await else {
                 return Tally::new();
             };
             match &self.due {

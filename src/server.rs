@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::Either;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
@@ -145,14 +144,17 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let lanes = Some(serving_threads(settings.workers));
+            let lanes = start_lanes(settings.workers)?;
             let result = serve(listeners, settings, store, clock, metrics, lanes, shutdown).await;
             sweep.abort();
             result
         }
         StoreKind::Redis | StoreKind::RedisCluster | StoreKind::RedisSentinel => {
-            // Connects in the background: startup never waits for Redis.
-            let store = RedisStore::new(&settings.redis, metrics.clone())
+            // Each lane gets its own batcher and clients, on its own runtime, so a call
+            // never leaves its lane. Connects in the background: startup never waits
+            // for Redis.
+            let lanes = start_lanes(settings.workers)?;
+            let store = RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles())
                 .map_err(|error| ServerError::Store(error.to_string()))?;
             tracing::info!(
                 store = store.kind(),
@@ -160,20 +162,27 @@ pub async fn run(
                 timeout = ?settings.redis.timeout,
                 "using redis"
             );
-            serve(listeners, settings, store, clock, metrics, None, shutdown).await
+            serve(listeners, settings, store, clock, metrics, lanes, shutdown).await
         }
     }
 }
 
-/// Serves with a given store: on `lanes_count` serving threads, or (`None`) on this
-/// runtime.
+/// The serving threads for a `--workers` setting.
+fn start_lanes(workers: Option<usize>) -> Result<Lanes, ServerError> {
+    Lanes::spawn(serving_threads(workers)).map_err(|e| ServerError::Listener {
+        listener: "grpc",
+        source: Box::new(e),
+    })
+}
+
+/// Serves with a given store, the gRPC listener on `lanes`.
 async fn serve<S: Store>(
     listeners: Listeners,
     settings: Settings,
     store: S,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
-    lanes_count: Option<usize>,
+    lanes: Lanes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
@@ -244,23 +253,9 @@ async fn serve<S: Store>(
             .add_optional_service(reflection_v1.clone())
             .add_optional_service(reflection_v1alpha.clone())
     });
-    // Decisions in memory: a lane per core. With Redis every call meets the one
-    // batcher on this runtime, so calls stay here (see `listener::lanes`).
-    let grpc = match lanes_count {
-        Some(count) => {
-            let mut lanes = Lanes::start(listeners.grpc, tls, count, &make_router, &stop_rx)
-                .map_err(|e| ServerError::Listener {
-                    listener: "grpc",
-                    source: Box::new(e),
-                })?;
-            // Dropping the lanes (after the drain timeout) closes what is left.
-            Either::Left(async move { lanes.finished().await })
-        }
-        None => Either::Right(make_router().serve_with_incoming_shutdown(
-            listener::incoming(listeners.grpc, tls),
-            listener::stopped(stop_rx.clone()),
-        )),
-    };
+    let mut grpc = lanes.serve(listeners.grpc, tls, &make_router, &stop_rx);
+    // Dropping the lanes (after the drain timeout) closes what is left.
+    let grpc = async move { grpc.finished().await };
     let admin_state = Arc::new(AdminState {
         service: service.clone(),
         metrics: metrics.clone(),

@@ -58,12 +58,7 @@ pub async fn serve(
     });
     let make_router: MakeRouter =
         Arc::new(|| grpc_server_builder().add_service(RateLimitServiceServer::new(ConstantOk)));
-    let mut lanes = Lanes::start(
-        listener,
-        None,
-        serving_threads(workers),
-        &make_router,
-        &stop,
-    )?;
-    Ok(lanes.finished().await?)
+    let mut serving =
+        Lanes::spawn(serving_threads(workers))?.serve(listener, None, &make_router, &stop);
+    Ok(serving.finished().await?)
 }

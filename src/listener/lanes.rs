@@ -5,17 +5,22 @@
 //! On tokio's multi-threaded runtime every new task (hyper spawns one per HTTP/2 stream)
 //! may wake an idle sibling worker to steal it. At moderate load those wakeups cost more
 //! CPU than the call itself and put queues between threads; at saturation they vanish.
-//! A lane never hands a call to another thread; the admin port and reloads stay on the
-//! main runtime.
+//! A task woken by another on the same worker also runs next (tokio's LIFO slot): when a
+//! Redis batch answered its calls, each call's stream task woke its connection, which
+//! ran next and wrote that one answer, one `writev` per call instead of one per batch. A
+//! lane runs woken tasks in turn, so the answers of a batch leave in one write.
 //!
-//! Used with the memory store (and the bench ceiling). With a Redis store every call
-//! goes through the one batcher and its client tasks on the main runtime: from lanes,
-//! each call crossed threads twice, which cost ~60 % more server CPU per call and ~20 %
-//! of the throughput (measured), so Redis stores serve on the main runtime.
+//! A lane never hands a call to another thread: the Redis store gives each lane its own
+//! batcher and clients, made on the lane's runtime ([`Lanes::handles`]) before serving
+//! starts. The admin port and reloads stay on the main runtime.
 
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::Router;
 
@@ -29,13 +34,39 @@ const DEALT_QUEUE: usize = 1024;
 /// Builds a lane's gRPC router (its services; each lane serves its own copy).
 pub type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
 
-/// The serving threads.
+thread_local! {
+    /// The index of the lane this thread serves; `None` off the serving threads.
+    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The index of the lane whose serving thread this is (`None` on any other thread).
+pub fn current() -> Option<usize> {
+    CURRENT.get()
+}
+
+/// What a lane thread runs once serving starts (made on the thread: need not be `Send`).
+type Work = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// Serving threads started but not serving yet: their runtimes already run tasks
+/// spawned through [`Lanes::handles`]. Dropped unused, the threads end.
 pub struct Lanes {
-    lanes: Vec<Lane>,
+    idle: Vec<IdleLane>,
+}
+
+struct IdleLane {
+    /// Spawns onto the lane's runtime.
+    handle: Handle,
+    /// Hands the lane its serving work.
+    work: oneshot::Sender<Work>,
+}
+
+/// Lanes serving a listener (see [`Lanes::serve`]).
+pub struct Serving {
+    lanes: Vec<ServingLane>,
     dealer: tokio::task::JoinHandle<()>,
 }
 
-struct Lane {
+struct ServingLane {
     done: Option<oneshot::Receiver<Result<(), tonic::transport::Error>>>,
     /// Dropped to make the lane close its connections at once.
     abort: Option<oneshot::Sender<()>>,
@@ -58,56 +89,84 @@ pub enum LanesError {
 }
 
 impl Lanes {
-    /// Starts `count` (at least one) serving threads, each serving `make_router()`'s
-    /// router until `stop` turns true, and a task on the current runtime that accepts
-    /// on `listener` and deals the connections in turn. With `tls`, each lane
-    /// handshakes its own connections.
-    pub fn start(
-        listener: TcpListener,
-        tls: Option<Arc<ReloadingTls>>,
-        count: usize,
-        make_router: &MakeRouter,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<Self, LanesError> {
-        let mut lanes = Vec::with_capacity(count.max(1));
-        let mut dealt = Vec::with_capacity(count.max(1));
+    /// Starts `count` (at least one) serving threads, named `sluice-grpc-<index>`, each
+    /// running its own single-threaded runtime, which lives and ends on that thread.
+    pub fn spawn(count: usize) -> Result<Self, LanesError> {
+        let mut idle = Vec::with_capacity(count.max(1));
         for index in 0..count.max(1) {
-            let (deal_tx, deal_rx) = mpsc::channel(DEALT_QUEUE);
-            let (done_tx, done) = oneshot::channel();
-            let (abort, aborted) = oneshot::channel::<()>();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|source| LanesError::Start { index, source })?;
-            let router = make_router.clone();
-            let tls = tls.clone();
-            let stop = stop.clone();
+            let handle = runtime.handle().clone();
+            let (work, take_work) = oneshot::channel::<Work>();
             std::thread::Builder::new()
                 .name(format!("sluice-grpc-{index}"))
                 .spawn(move || {
+                    CURRENT.set(Some(index));
                     runtime.block_on(async move {
-                        let server = router().serve_with_incoming_shutdown(
-                            incoming_dealt(deal_rx, tls),
-                            stopped(stop),
-                        );
-                        let result = tokio::select! {
-                            result = server => result,
-                            _ = aborted => Ok(()),
-                        };
-                        let _ = done_tx.send(result);
+                        if let Ok(work) = take_work.await {
+                            work().await;
+                        }
                     });
                 })
                 .map_err(|source| LanesError::Start { index, source })?;
-            lanes.push(Lane {
+            idle.push(IdleLane { handle, work });
+        }
+        Ok(Self { idle })
+    }
+
+    /// The lanes' runtimes, in lane order (lane `i` is the thread where [`current`] is
+    /// `Some(i)`).
+    pub fn handles(&self) -> Vec<Handle> {
+        self.idle.iter().map(|lane| lane.handle.clone()).collect()
+    }
+
+    /// Makes every lane serve `make_router()`'s router until `stop` turns true, and
+    /// starts a task on the current runtime that accepts on `listener` and deals the
+    /// connections in turn. With `tls`, each lane handshakes its own connections.
+    pub fn serve(
+        self,
+        listener: TcpListener,
+        tls: Option<Arc<ReloadingTls>>,
+        make_router: &MakeRouter,
+        stop: &watch::Receiver<bool>,
+    ) -> Serving {
+        let mut lanes = Vec::with_capacity(self.idle.len());
+        let mut dealt = Vec::with_capacity(self.idle.len());
+        for lane in self.idle {
+            let (deal_tx, deal_rx) = mpsc::channel(DEALT_QUEUE);
+            let (done_tx, done) = oneshot::channel();
+            let (abort, aborted) = oneshot::channel::<()>();
+            let router = make_router.clone();
+            let tls = tls.clone();
+            let stop = stop.clone();
+            let work: Work = Box::new(move || {
+                Box::pin(async move {
+                    let server = router()
+                        .serve_with_incoming_shutdown(incoming_dealt(deal_rx, tls), stopped(stop));
+                    let result = tokio::select! {
+                        result = server => result,
+                        _ = aborted => Ok(()),
+                    };
+                    let _ = done_tx.send(result);
+                })
+            });
+            // A thread that has already ended drops `done_tx` with the work: `finished`
+            // reports it.
+            let _ = lane.work.send(work);
+            lanes.push(ServingLane {
                 done: Some(done),
                 abort: Some(abort),
             });
             dealt.push(deal_tx);
         }
         let dealer = tokio::spawn(deal(listener, dealt, stop.clone()));
-        Ok(Self { lanes, dealer })
+        Serving { lanes, dealer }
     }
+}
 
+impl Serving {
     /// Completes when every lane has stopped serving (after `stop`, once its
     /// connections have finished), with the first lane's error if any.
     pub async fn finished(&mut self) -> Result<(), tonic::transport::Error> {
@@ -129,7 +188,7 @@ impl Lanes {
     }
 }
 
-impl Drop for Lanes {
+impl Drop for Serving {
     /// Stops accepting and makes every lane close its remaining connections; each
     /// thread then ends on its own.
     fn drop(&mut self) {
@@ -230,7 +289,20 @@ mod tests {
         let (stop_tx, stop) = watch::channel(false);
         let make_router: MakeRouter =
             Arc::new(|| grpc_server_builder().add_service(RateLimitServiceServer::new(ThreadName)));
-        let mut lanes = Lanes::start(listener, None, 2, &make_router, &stop).expect("lanes");
+        let lanes = Lanes::spawn(2).expect("lanes");
+        assert_eq!(current(), None, "not a serving thread");
+        let handles = lanes.handles();
+        assert_eq!(handles.len(), 2);
+        let spawned = handles[1].spawn(async {
+            let name = std::thread::current().name().map(str::to_owned);
+            (name, current())
+        });
+        assert_eq!(
+            spawned.await.expect("task ran"),
+            (Some("sluice-grpc-1".to_owned()), Some(1)),
+            "a task spawned through a lane's handle runs on that lane, before serving"
+        );
+        let mut lanes = lanes.serve(listener, None, &make_router, &stop);
 
         let mut threads = Vec::new();
         for _ in 0..4 {

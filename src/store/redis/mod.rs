@@ -28,6 +28,7 @@ pub use client::{mask_url, RedisMode, RedisOptions};
 pub use tls::{RedisTls, RedisTlsError};
 
 use crate::algorithm::{Decision, Micros};
+use crate::listener::lanes;
 use crate::store::breaker::BreakerSettings;
 use crate::store::{
     CounterKey, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
@@ -38,12 +39,43 @@ use nodes::Nodes;
 
 /// Counters in Redis (see the module documentation).
 pub struct RedisStore {
-    /// Queue of the batcher; bounded, never awaited on when full.
-    jobs: mpsc::Sender<Job>,
-    /// Client, settings and metrics shared with the batcher.
-    shared: Arc<Shared>,
+    /// Batcher and clients on the runtime that made the store: calls from any thread
+    /// other than a lane's go here.
+    main: Backend,
+    /// One per serving lane, on that lane's runtime: lane `i`'s calls go to `lanes[i]`,
+    /// so a call is batched, sent and answered without leaving its thread.
+    lanes: Vec<Backend>,
     /// Deployment kind, for [`Store::kind`].
     mode: RedisMode,
+}
+
+/// One runtime's batcher and clients.
+struct Backend {
+    /// Queue of the batcher; bounded, never awaited on when full.
+    jobs: mpsc::Sender<Job>,
+    /// Clients, settings and metrics shared with the batcher.
+    shared: Arc<Shared>,
+}
+
+impl Backend {
+    /// Connects the clients and starts the batcher on the current runtime.
+    fn start(
+        options: &RedisOptions,
+        health: &Arc<health::Health>,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
+        let shared = Arc::new(Shared {
+            nodes: Nodes::connect(options, metrics.clone())?,
+            health: health.clone(),
+            timeout: options.timeout,
+            window: options.batch_window,
+            max: options.batch_max.max(1),
+            metrics: metrics.clone(),
+        });
+        let (jobs, queue) = mpsc::channel(options.queue.max(1));
+        tokio::spawn(batcher::collect(queue, shared.clone()));
+        Ok(Self { jobs, shared })
+    }
 }
 
 impl RedisStore {
@@ -51,38 +83,62 @@ impl RedisStore {
     /// called inside a tokio runtime). Never waits for Redis: until it is reachable,
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
-        let nodes = Nodes::connect(options, metrics.clone())?;
-        let shared = Arc::new(Shared {
-            nodes,
-            health: health::Health::new(BreakerSettings::default(), metrics.clone()),
-            timeout: options.timeout,
-            window: options.batch_window,
-            max: options.batch_max.max(1),
-            metrics,
-        });
-        let (jobs, queue) = mpsc::channel(options.queue.max(1));
-        tokio::spawn(batcher::collect(queue, shared.clone()));
+        Self::with_lanes(options, metrics, &[])
+    }
+
+    /// [`RedisStore::new`], plus a batcher and clients of their own for each serving
+    /// lane, made on the lane's runtime (`lanes[i]` is lane `i`'s, see
+    /// [`crate::listener::lanes`]). The circuit breakers stay shared: every lane's
+    /// outcomes count for a node.
+    pub fn with_lanes(
+        options: &RedisOptions,
+        metrics: Arc<Metrics>,
+        lanes: &[tokio::runtime::Handle],
+    ) -> Result<Self, StoreError> {
+        let health = Arc::new(health::Health::new(
+            BreakerSettings::default(),
+            metrics.clone(),
+        ));
+        let main = Backend::start(options, &health, &metrics)?;
+        let lanes = lanes
+            .iter()
+            .map(|lane| {
+                let _on_lane = lane.enter();
+                Backend::start(options, &health, &metrics)
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            jobs,
-            shared,
+            main,
+            lanes,
             mode: options.mode,
         })
+    }
+
+    /// The backend of the calling thread's lane, or the main one.
+    fn backend(&self) -> &Backend {
+        lanes::current()
+            .and_then(|lane| self.lanes.get(lane))
+            .unwrap_or(&self.main)
     }
 
     /// The client of the node that holds `key`'s counters, if that node is known (tests
     /// read keys and `MEMORY USAGE` through it).
     pub fn client_for(&self, key: CounterKey) -> Option<Client> {
         let slot = script::slot(key);
-        self.shared
+        self.main
+            .shared
             .nodes
             .topology()
             .route(slot)
             .map(|node| node.client.clone())
     }
 
-    /// Whether every node is known and connected now (for `/status`).
+    /// Whether every node is known and connected now, by every lane's clients (for
+    /// `/status`).
     pub fn is_connected(&self) -> bool {
-        self.shared.nodes.is_connected()
+        std::iter::once(&self.main)
+            .chain(&self.lanes)
+            .all(|backend| backend.shared.nodes.is_connected())
     }
 
     /// Decides `checks` in one script call at an injected time `now` instead of Redis
@@ -95,9 +151,10 @@ impl RedisStore {
         now: Micros,
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        self.shared.nodes.wait_known(self.shared.timeout).await;
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(shared.timeout).await;
         let call = script::Call::new(checks, commit, Some(now));
-        let mut results = batcher::run_calls(&self.shared, std::slice::from_ref(&call)).await;
+        let mut results = batcher::run_calls(shared, std::slice::from_ref(&call)).await;
         let result = results
             .pop()
             .unwrap_or_else(|| Err(StoreError::Protocol("no reply".into())))?;
@@ -111,10 +168,13 @@ impl RedisStore {
         request: &LeaseRequest,
         now: Micros,
     ) -> Result<LeaseGrant, StoreError> {
-        self.shared.nodes.wait_known(self.shared.timeout).await;
-        lease::run(&self.shared, request, Some(now)).await
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(shared.timeout).await;
+        lease::run(shared, request, Some(now)).await
     }
+}
 
+impl Backend {
     /// Queues `checks` for the batcher and waits for their decisions; fails at once when
     /// the breaker of a node they live on is open.
     async fn submit(
@@ -169,14 +229,15 @@ impl RedisStore {
         decisions: Vec<Decision>,
     ) -> Result<Vec<Decision>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        // The batch has its own deadline; this one also covers the time in the queue.
-        let wait = self.shared.timeout + self.shared.window;
+        // The batcher answers by this deadline (the batch has its own; this one also
+        // covers the time in the queue): no timer per call here.
         let job = Job {
             checks,
             commit,
             decisions,
             reply: Some(reply),
-            deadline: Instant::now() + wait,
+            deadline: Instant::now() + self.shared.timeout + self.shared.window,
+            timeout: self.shared.timeout,
         };
         self.jobs.try_send(job).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => {
@@ -186,11 +247,9 @@ impl RedisStore {
                 StoreError::Unavailable("redis batcher stopped".into())
             }
         })?;
-        match tokio::time::timeout(wait, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(StoreError::Unavailable("redis batch was dropped".into())),
-            Err(_) => Err(StoreError::Timeout(self.shared.timeout)),
-        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("redis batch was dropped".into())))
     }
 }
 
@@ -203,7 +262,9 @@ impl Store for RedisStore {
         if checks.is_empty() {
             return Ok(());
         }
-        self.submit(checks.to_vec(), true, decisions).await
+        self.backend()
+            .submit(checks.to_vec(), true, decisions)
+            .await
     }
 
     async fn peek(
@@ -211,7 +272,9 @@ impl Store for RedisStore {
         check: &StoreCheck,
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        self.submit(vec![check.clone()], false, decisions).await
+        self.backend()
+            .submit(vec![check.clone()], false, decisions)
+            .await
     }
 
     fn is_shared(&self) -> bool {
@@ -220,27 +283,28 @@ impl Store for RedisStore {
 
     async fn lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let started = Instant::now();
-        self.shared.nodes.wait_known(self.shared.timeout).await;
-        let result = match self.allow(std::slice::from_ref(&request.check)) {
+        let backend = self.backend();
+        let shared = &backend.shared;
+        shared.nodes.wait_known(shared.timeout).await;
+        let result = match backend.allow(std::slice::from_ref(&request.check)) {
             // Boxed: the lease call's state is several kilobytes, and this future is
             // part of every request's future, which would otherwise carry that size
             // (allocated and moved per request) for a call made once per lease.
-            Ok(()) => Box::pin(lease::run(&self.shared, request, None)).await,
+            Ok(()) => Box::pin(lease::run(shared, request, None)).await,
             Err(error) => Err(error),
         };
-        let metrics = &self.shared.metrics;
-        metrics.store_duration("lease", started.elapsed());
+        shared.metrics.store_duration("lease", started.elapsed());
         if let Err(error) = &result {
-            metrics.store_error(error.kind());
+            shared.metrics.store_error(error.kind());
         }
         result
     }
 
     fn status(&self) -> StoreStatus {
-        let topology = self.shared.nodes.topology();
-        self.shared
+        let shared = &self.main.shared;
+        shared
             .health
-            .status(&topology, self.shared.nodes.is_connected())
+            .status(&shared.nodes.topology(), self.is_connected())
     }
 
     fn kind(&self) -> &'static str {

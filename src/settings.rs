@@ -123,8 +123,9 @@ pub struct ServeArgs {
     /// Deadline of one Redis store call.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = humantime::parse_duration, default_value = "20ms")]
     pub redis_timeout: Duration,
-    /// Longest time the Redis batcher waits for more checks.
-    #[arg(long, env = "SLUICE_REDIS_BATCH_WINDOW", value_parser = humantime::parse_duration, default_value = "100us")]
+    /// Longest time the Redis batcher waits for more checks (0: none; a batch takes the
+    /// checks queued while its lane was busy).
+    #[arg(long, env = "SLUICE_REDIS_BATCH_WINDOW", value_parser = humantime::parse_duration, default_value = "0s")]
     pub redis_batch_window: Duration,
     /// Most checks in one Redis batch.
     #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = 256)]

@@ -154,8 +154,13 @@ impl Nodes {
         if *self.known.borrow() {
             return;
         }
+        // Boxed: the wait (a timer and a watch) is rare, and inline it would grow every
+        // store call's future.
         let mut known = self.known.subscribe();
-        let _ = tokio::time::timeout(limit, known.wait_for(|known| *known)).await;
+        let wait = tokio::time::timeout(limit, async move {
+            let _ = known.wait_for(|known| *known).await;
+        });
+        let _ = Box::pin(wait).await;
     }
 
     /// Whether slots live on different nodes.

@@ -12,6 +12,7 @@
 pub mod ceiling;
 pub mod keys;
 pub mod memory;
+pub mod pacer;
 pub mod report;
 
 use std::net::SocketAddr;
@@ -20,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use tokio::sync::{oneshot, Semaphore};
+
+use pacer::{pace, Due};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::rls::rate_limit_response::Code;
@@ -123,7 +126,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         args.keys.clone(),
         args.hits_addend,
     ));
-    let due: Vec<_> = (0..threads).map(|_| Arc::new(Semaphore::new(0))).collect();
+    let due: Vec<_> = (0..threads).map(|_| Arc::new(Due::new())).collect();
     let (ready_tx, ready_rx) = mpsc::channel();
     let mut starts = Vec::with_capacity(threads);
     let mut loads = Vec::with_capacity(threads);
@@ -156,7 +159,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         let _ = start.send(failure.is_none().then_some(timeline));
     }
     let pacer = match (failure.is_none(), args.rate) {
-        (true, Some(rate)) => Some(std::thread::spawn(move || pace(&due, rate, timeline.end))),
+        (true, Some(rate)) => Some(std::thread::spawn(move || {
+            let due: Vec<&Due> = due.iter().map(|due| &**due).collect();
+            pace(&due, rate, timeline.end)
+        })),
         _ => None,
     };
     let mut tally = Tally::new();
@@ -209,7 +215,7 @@ struct Share {
     /// Number of this thread's first worker (seeds each worker's key sequence).
     first_worker: usize,
     /// Open loop: where the pacer releases this thread's calls.
-    due: Option<Arc<Semaphore>>,
+    due: Option<Arc<Due>>,
 }
 
 impl Share {
@@ -298,15 +304,17 @@ impl Share {
         &self,
         clients: &[Client],
         maker: &Arc<RequestMaker>,
-        due: &Arc<Semaphore>,
+        due: &Due,
         timeline: Timeline,
     ) -> Tally {
+        // Handed out on this thread: a released call wakes a worker without a syscall.
+        let calls = Arc::new(Semaphore::new(0));
         let workers: Vec<_> = (0..self.concurrency)
             .map(|index| {
                 let mut worker = self.worker(index, clients, maker);
-                let due = due.clone();
+                let calls = calls.clone();
                 tokio::spawn(async move {
-                    while let Ok(permit) = due.acquire().await {
+                    while let Ok(permit) = calls.acquire().await {
                         permit.forget();
                         worker.call(timeline.measure_from).await;
                     }
@@ -314,7 +322,7 @@ impl Share {
                 })
             })
             .collect();
-        gather(workers).await
+        tokio::join!(due.dispatch(&calls), gather(workers)).1
     }
 }
 
@@ -354,40 +362,6 @@ async fn connect(target: SocketAddr) -> Result<Channel, BenchError> {
 }
 
 type Client = RateLimitServiceClient<Channel>;
-
-/// How often the pacer releases the calls that have become due.
-pub const PACER_TICK: Duration = Duration::from_micros(50);
-
-/// Releases `rate` calls per second until `end`, call `n` on `due[n % due.len()]` at
-/// `n / rate` seconds from now (to within [`PACER_TICK`]; tokio's timer has millisecond
-/// granularity, which would send the calls in bursts, one per millisecond), then closes
-/// every semaphore.
-fn pace(due: &[Arc<Semaphore>], rate: f64, end: Instant) {
-    let start = Instant::now();
-    let threads = due.len() as u64;
-    let mut released = 0u64;
-    loop {
-        let now = Instant::now();
-        if now >= end {
-            for semaphore in due {
-                semaphore.close();
-            }
-            return;
-        }
-        let owed = ((now - start).as_secs_f64() * rate) as u64;
-        if owed > released {
-            let batch = (owed - released).min(Semaphore::MAX_PERMITS as u64 / 2);
-            for (index, semaphore) in (0u64..).zip(due) {
-                // Calls in released..released + batch that fall to this thread.
-                let before = (released + threads - 1 - index) / threads;
-                let after = (released + batch + threads - 1 - index) / threads;
-                semaphore.add_permits((after - before) as usize);
-            }
-            released += batch;
-        }
-        std::thread::sleep(PACER_TICK);
-    }
-}
 
 /// Sums the workers' tallies. A worker's panic goes on to its load thread (whose run
 /// then has no report): its calls must not silently vanish from the counts.
@@ -434,19 +408,5 @@ mod tests {
                 assert!(max.zip(min).is_some_and(|(max, min)| max - min <= 1));
             }
         }
-    }
-
-    #[test]
-    fn the_pacer_deals_calls_in_turn_and_closes_every_thread() {
-        let due: Vec<_> = (0..3).map(|_| Arc::new(Semaphore::new(0))).collect();
-        pace(&due, 20_000.0, Instant::now() + Duration::from_millis(50));
-        let released: Vec<_> = due.iter().map(|s| s.available_permits()).collect();
-        let total: usize = released.iter().sum();
-        assert!((500..=1000).contains(&total), "{released:?}");
-        // Call n goes to thread n % 3: the first threads are ahead by one at most.
-        assert!(released
-            .windows(2)
-            .all(|w| w[0] >= w[1] && w[0] - w[1] <= 1));
-        assert!(due.iter().all(|s| s.is_closed()));
     }
 }

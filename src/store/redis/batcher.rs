@@ -59,8 +59,6 @@ pub struct Job {
     /// By this instant the job is answered: past it, it is not sent, and if its batch
     /// is still out it is answered with a timeout.
     pub deadline: Instant,
-    /// The store's call deadline, for the timeout's message.
-    pub timeout: Duration,
 }
 
 impl Job {
@@ -71,11 +69,12 @@ impl Job {
         }
     }
 
-    /// Answers with a timeout if the deadline has passed at `now`; whether it had.
-    fn expire_at(&mut self, now: Instant) -> bool {
+    /// Answers with a timeout (the store's call deadline, `timeout`) if the job's
+    /// deadline has passed at `now`; whether it had.
+    fn expire_at(&mut self, now: Instant, timeout: Duration) -> bool {
         let expired = self.deadline <= now;
         if expired {
-            self.answer(Err(StoreError::Timeout(self.timeout)));
+            self.answer(Err(StoreError::Timeout(timeout)));
         }
         expired
     }
@@ -127,7 +126,7 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
             Ok(Ok(permit)) => permit,
             Ok(Err(_closed)) => return,
             Err(_elapsed) => {
-                first.expire_at(Instant::now());
+                first.expire_at(Instant::now(), shared.timeout);
                 continue;
             }
         };
@@ -166,7 +165,7 @@ pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
 /// first: nothing is charged for an answer nobody waits for.
 async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
     let now = Instant::now();
-    jobs.retain_mut(|job| job.awaited() && !job.expire_at(now));
+    jobs.retain_mut(|job| job.awaited() && !job.expire_at(now, shared.timeout));
     if jobs.is_empty() {
         return;
     }
@@ -239,7 +238,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                 Err(_elapsed) => {
                     let now = Instant::now();
                     for job in &mut jobs {
-                        job.expire_at(now);
+                        job.expire_at(now, shared.timeout);
                     }
                     continue;
                 }

@@ -57,27 +57,6 @@ struct Backend {
     shared: Arc<Shared>,
 }
 
-impl Backend {
-    /// Connects the clients and starts the batcher on the current runtime.
-    fn start(
-        options: &RedisOptions,
-        health: &Arc<health::Health>,
-        metrics: &Arc<Metrics>,
-    ) -> Result<Self, StoreError> {
-        let shared = Arc::new(Shared {
-            nodes: Nodes::connect(options, metrics.clone())?,
-            health: health.clone(),
-            timeout: options.timeout,
-            window: options.batch_window,
-            max: options.batch_max.max(1),
-            metrics: metrics.clone(),
-        });
-        let (jobs, queue) = mpsc::channel(options.queue.max(1));
-        tokio::spawn(batcher::collect(queue, shared.clone()));
-        Ok(Self { jobs, shared })
-    }
-}
-
 impl RedisStore {
     /// Builds the client and starts connecting and batching in the background (must be
     /// called inside a tokio runtime). Never waits for Redis: until it is reachable,
@@ -175,6 +154,25 @@ impl RedisStore {
 }
 
 impl Backend {
+    /// Connects the clients and starts the batcher on the current runtime.
+    fn start(
+        options: &RedisOptions,
+        health: &Arc<health::Health>,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
+        let shared = Arc::new(Shared {
+            nodes: Nodes::connect(options, metrics.clone())?,
+            health: health.clone(),
+            timeout: options.timeout,
+            window: options.batch_window,
+            max: options.batch_max.max(1),
+            metrics: metrics.clone(),
+        });
+        let (jobs, queue) = mpsc::channel(options.queue.max(1));
+        tokio::spawn(batcher::collect(queue, shared.clone()));
+        Ok(Self { jobs, shared })
+    }
+
     /// Queues `checks` for the batcher and waits for their decisions; fails at once when
     /// the breaker of a node they live on is open.
     async fn submit(
@@ -237,7 +235,6 @@ impl Backend {
             decisions,
             reply: Some(reply),
             deadline: Instant::now() + self.shared.timeout + self.shared.window,
-            timeout: self.shared.timeout,
         };
         self.jobs.try_send(job).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => {

@@ -102,3 +102,11 @@ end
 -- Every algorithm with a string state has decode (the stored string to a state, nil
 -- when it is not this algorithm's) and encode (a state to the string stored).
 local ALGOS = {}
+
+-- Whether `state` has expired at `now` (a state past its expiry answers as fresh, the
+-- memory store's rule): an algorithm's `expired` when it has one, a cheaper test than
+-- working out when the state expires.
+local function has_expired(algo, state, now, q)
+  if algo.expired then return algo.expired(state, now, q) end
+  return algo.expires_at(state, q) <= now
+end

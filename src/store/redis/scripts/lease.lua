@@ -48,7 +48,7 @@ end
 local state = nil
 local raw = redis.pcall('GET', key)
 if type(raw) == 'string' then state = algo.decode(raw) end
-if state == nil or algo.expires_at(state, q) <= now then state = algo.fresh() end
+if state == nil or has_expired(algo, state, now, q) then state = algo.fresh() end
 local dirty = false
 
 -- 1. Return unused units. Windows: exact, from the counter of the window that holds

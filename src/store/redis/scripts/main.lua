@@ -84,9 +84,7 @@ for c = a, #ARGV, 2 do
     local state = entry.state
     local algo = ALGOS[kind]
     -- A state past its expiry answers as fresh (the memory store's rule).
-    local expired
-    if algo.expired then expired = algo.expired(state, now, q)
-    else expired = algo.expires_at(state, q) <= now end
+    local expired = has_expired(algo, state, now, q)
     if expired then state = algo.fresh() end
     local d, next, changed = algo.decide(state, now, cost, q)
     if not d[1] then all_allowed = false end

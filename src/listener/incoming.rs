@@ -1,15 +1,15 @@
-//! The accept loop: a stream of ready connections (plaintext, or TLS-handshaken) that
-//! tonic serves. Handshakes run in their own tasks, bounded by a timeout.
+//! A lane's stream of ready connections (plaintext, or TLS-handshaken) that tonic
+//! serves: the sockets the dealer accepted ([`super::lanes`]), each registered with the
+//! lane's runtime and prepared in a task of its own, bounded by a timeout.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::transport::server::{Connected, TcpConnectInfo};
@@ -17,10 +17,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use super::tls::ReloadingTls;
 use super::HANDSHAKE_TIMEOUT;
 
-/// Ready connections waiting for tonic; past this, accepting waits.
+/// Ready connections waiting for tonic; past this, taking dealt connections waits.
 const READY_QUEUE: usize = 1024;
-/// Pause after an accept error (e.g. out of file descriptors) before trying again.
-pub(super) const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// One accepted gRPC connection.
 pub enum GrpcIo {
@@ -30,22 +28,15 @@ pub enum GrpcIo {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// Connections ready to serve; dropping it stops accepting and closes the listener.
+/// Connections ready to serve; dropping it stops taking dealt connections.
 pub struct Incoming {
     ready: mpsc::Receiver<GrpcIo>,
     acceptor: JoinHandle<()>,
 }
 
-/// Accepts on `listener`; with `tls`, each connection is TLS-handshaken (under the
-/// certificates in force at that moment) before it is handed over.
-pub fn incoming(listener: TcpListener, tls: Option<Arc<ReloadingTls>>) -> Incoming {
-    let (ready_tx, ready) = mpsc::channel(READY_QUEUE);
-    let acceptor = tokio::spawn(accept_loop(listener, tls, ready_tx));
-    Incoming { ready, acceptor }
-}
-
 /// Connections accepted elsewhere (see [`super::lanes`]) and sent here as standard
-/// sockets: each is registered with this runtime, then prepared as [`incoming`] does.
+/// sockets: each is registered with this runtime, then prepared (with `tls`, handshaken
+/// under the certificates in force at that moment) before it is handed over.
 pub fn incoming_dealt(
     mut dealt: mpsc::Receiver<std::net::TcpStream>,
     tls: Option<Arc<ReloadingTls>>,
@@ -63,27 +54,6 @@ pub fn incoming_dealt(
         }
     });
     Incoming { ready, acceptor }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<Arc<ReloadingTls>>,
-    ready: mpsc::Sender<GrpcIo>,
-) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                tracing::warn!(%error, "gRPC accept failed");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        if ready.is_closed() {
-            return;
-        }
-        hand_over(stream, tls.clone(), ready.clone());
-    }
 }
 
 /// Prepares `stream` in a task of its own, under [`HANDSHAKE_TIMEOUT`], then puts it

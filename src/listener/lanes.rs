@@ -31,6 +31,9 @@ use super::tls::ReloadingTls;
 /// Connections dealt to one lane but not yet taken up by it.
 const DEALT_QUEUE: usize = 1024;
 
+/// Pause after an accept error (e.g. out of file descriptors) before trying again.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Builds a lane's gRPC router (its services; each lane serves its own copy).
 pub type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
 
@@ -216,7 +219,7 @@ async fn deal(
             Ok(stream) => stream,
             Err(error) => {
                 tracing::warn!(%error, "gRPC accept failed");
-                tokio::time::sleep(super::incoming::ACCEPT_ERROR_PAUSE).await;
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };

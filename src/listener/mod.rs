@@ -12,7 +12,7 @@ mod verify;
 
 use std::time::Duration;
 
-pub use incoming::{incoming, incoming_dealt, GrpcIo, Incoming};
+pub use incoming::{incoming_dealt, GrpcIo, Incoming};
 
 /// Longest wait for a new connection's first byte (plaintext) or TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -133,6 +133,13 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let clock: Arc<dyn Clock> = SystemClock::shared();
     let metrics = Arc::new(Metrics::new());
+    // The gRPC serving threads, started first: a Redis store makes each lane's batcher
+    // and clients on that lane's runtime.
+    let lanes =
+        Lanes::spawn(serving_threads(settings.workers)).map_err(|e| ServerError::Listener {
+            listener: "grpc",
+            source: Box::new(e),
+        })?;
     match settings.store {
         StoreKind::Memory => {
             let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock.clone()));
@@ -144,7 +151,6 @@ pub async fn run(
                     sweeper.sweep_expired();
                 }
             });
-            let lanes = start_lanes(settings.workers)?;
             let result = serve(listeners, settings, store, clock, metrics, lanes, shutdown).await;
             sweep.abort();
             result
@@ -153,7 +159,6 @@ pub async fn run(
             // Each lane gets its own batcher and clients, on its own runtime, so a call
             // never leaves its lane. Connects in the background: startup never waits
             // for Redis.
-            let lanes = start_lanes(settings.workers)?;
             let store = RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles())
                 .map_err(|error| ServerError::Store(error.to_string()))?;
             tracing::info!(
@@ -165,14 +170,6 @@ pub async fn run(
             serve(listeners, settings, store, clock, metrics, lanes, shutdown).await
         }
     }
-}
-
-/// The serving threads for a `--workers` setting.
-fn start_lanes(workers: Option<usize>) -> Result<Lanes, ServerError> {
-    Lanes::spawn(serving_threads(workers)).map_err(|e| ServerError::Listener {
-        listener: "grpc",
-        source: Box::new(e),
-    })
 }
 
 /// Serves with a given store, the gRPC listener on `lanes`.

@@ -21,13 +21,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use tokio::sync::{oneshot, Semaphore};
-
-use pacer::{pace, Due};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 pub use keys::{Distribution, RequestMaker, Rng, Template};
+use pacer::{pace, Due};
 pub use report::{Report, Tally};
 
 /// Flags of `sluice bench`.
@@ -159,10 +158,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         let _ = start.send(failure.is_none().then_some(timeline));
     }
     let pacer = match (failure.is_none(), args.rate) {
-        (true, Some(rate)) => Some(std::thread::spawn(move || {
-            let due: Vec<&Due> = due.iter().map(|due| &**due).collect();
-            pace(&due, rate, timeline.end)
-        })),
+        (true, Some(rate)) => Some(std::thread::spawn(move || pace(&due, rate, timeline.end))),
         _ => None,
     };
     let mut tally = Tally::new();

@@ -9,6 +9,7 @@
 //! it measured (16.7 against 11.4 µs per call), on the cores they share.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
@@ -79,7 +80,7 @@ impl Due {
 /// `n / rate` seconds from now (to within [`PACER_TICK`]; tokio's timer has millisecond
 /// granularity, which would send the calls in bursts, one per millisecond), then closes
 /// every `Due`. Returns the number of calls released.
-pub fn pace(due: &[&Due], rate: f64, end: Instant) -> u64 {
+pub fn pace(due: &[Arc<Due>], rate: f64, end: Instant) -> u64 {
     let start = Instant::now();
     let threads = due.len() as u64;
     let mut released = 0u64;
@@ -112,17 +113,16 @@ mod tests {
 
     #[test]
     fn the_pacer_deals_calls_in_turn_and_closes_every_thread() {
-        let due: Vec<Due> = (0..3).map(|_| Due::new()).collect();
-        let refs: Vec<&Due> = due.iter().collect();
-        pace(&refs, 20_000.0, Instant::now() + Duration::from_millis(50));
-        let released: Vec<_> = due.iter().map(Due::owed).collect();
+        let due: Vec<_> = (0..3).map(|_| Arc::new(Due::new())).collect();
+        pace(&due, 20_000.0, Instant::now() + Duration::from_millis(50));
+        let released: Vec<_> = due.iter().map(|due| due.owed()).collect();
         let total: usize = released.iter().sum();
         assert!((500..=1000).contains(&total), "{released:?}");
         // Call n goes to thread n % 3: the first threads are ahead by one at most.
         assert!(released
             .windows(2)
             .all(|w| w[0] >= w[1] && w[0] - w[1] <= 1));
-        assert!(due.iter().all(Due::is_closed));
+        assert!(due.iter().all(|due| due.is_closed()));
     }
 
     #[test]
@@ -131,15 +131,11 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let due = std::sync::Arc::new(Due::new());
+        let due = Arc::new(Due::new());
         let pacer = {
             let due = due.clone();
             std::thread::spawn(move || {
-                pace(
-                    &[&due],
-                    50_000.0,
-                    Instant::now() + Duration::from_millis(40),
-                )
+                pace(&[due], 50_000.0, Instant::now() + Duration::from_millis(40))
             })
         };
         let workers = Semaphore::new(0);

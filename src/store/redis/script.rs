@@ -4,8 +4,10 @@
 //!
 //! Wire format (see `scripts/main.lua`): KEYS are every limit key of every check in
 //! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the number of
-//! distinct rules, then per rule its number of limits and per limit five numbers, then
-//! per check its rule's index and its cost.
+//! distinct rules, then per rule its number of limits and per limit four numbers, then
+//! per run of consecutive checks with one rule and cost: the rule's index, the cost and
+//! the number of checks (a batch's checks mostly share both: a few arguments, not two
+//! per check, for Redis to read).
 //! The reply is five integers per limit.
 
 use std::collections::HashMap;
@@ -140,8 +142,8 @@ impl Call {
     }
 
     /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
-    /// Each distinct rule (list of limits) is sent once, and each check names its rule
-    /// by index: the checks of a batch mostly share one.
+    /// Each distinct rule (list of limits) is sent once, and each run of checks names
+    /// its rule by index: the checks of a batch mostly share one.
     pub fn new<'a>(
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,
@@ -157,8 +159,10 @@ impl Call {
         // previous check's is tried before hashing (a batch can hold many rules).
         let mut rule_index: HashMap<&'a [LimitCheck], usize> = HashMap::new();
         let mut previous: Option<(&'a [LimitCheck], usize)> = None;
-        // Per check: its rule's index (1-based, as Lua counts) and its cost.
-        let mut tail: Vec<Value> = Vec::with_capacity(2 * expected);
+        // Per run of checks: the rule's index (1-based, as Lua counts), the cost and the
+        // number of checks; the run being built is `run`.
+        let mut tail: Vec<Value> = Vec::new();
+        let mut run: Option<Run> = None;
         let mut limits = 0;
         let mut key_buffer = BytesMut::new();
         for check in checks {
@@ -175,8 +179,16 @@ impl Call {
                     index
                 }
             };
-            tail.push(number(rule as u64 + 1));
-            tail.push(number(check.cost));
+            match &mut run {
+                Some(current) if current.rule == rule && current.cost == check.cost => {
+                    current.checks += 1;
+                }
+                _ => {
+                    if let Some(done) = run.replace(Run::first(rule, check.cost)) {
+                        done.push_to(&mut tail);
+                    }
+                }
+            }
             for index in 0..check.limits.len() {
                 keys.push(Value::Bytes(limit_key_in(
                     check.key,
@@ -185,6 +197,9 @@ impl Call {
                 )));
             }
             limits += check.limits.len();
+        }
+        if let Some(done) = run {
+            done.push_to(&mut tail);
         }
         let rule_args: usize = rules.iter().map(|rule| 1 + 4 * rule.len()).sum();
         let mut argv: Vec<Value> = Vec::with_capacity(3 + rule_args + tail.len());
@@ -205,6 +220,32 @@ impl Call {
             limits,
             ..Self::of(SCRIPT, SHA_VALUE.clone(), keys, argv)
         }
+    }
+}
+
+/// Consecutive checks of a call with one rule and one cost.
+struct Run {
+    /// Index into the call's rules (0-based).
+    rule: usize,
+    cost: u64,
+    checks: u64,
+}
+
+impl Run {
+    /// A run of one check.
+    fn first(rule: usize, cost: u64) -> Self {
+        Self {
+            rule,
+            cost,
+            checks: 1,
+        }
+    }
+
+    /// The run's three arguments: rule index (1-based, as Lua counts), cost, checks.
+    fn push_to(self, argv: &mut Vec<Value>) {
+        argv.push(number(self.rule as u64 + 1));
+        argv.push(number(self.cost));
+        argv.push(number(self.checks));
     }
 }
 

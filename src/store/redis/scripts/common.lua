@@ -61,11 +61,11 @@ local function reply_int(x)
   return x
 end
 
--- Decision.invalid_quota
+-- Decision.invalid_quota, as the five values a decision is made of (see `decide` below).
 local function invalid_quota(cost, q)
   local retry = q.period
   if retry < 1 then retry = 1 end
-  return { false, 0, 0, retry, cost }
+  return false, 0, 0, retry, cost
 end
 
 local function is_invalid(q)
@@ -76,7 +76,7 @@ end
 -- It is much cheaper than '%.0f', which formats a double digit by digit; every state
 -- field is such a number unless a cost near u64::MAX was charged.
 local function small_int(x)
-  return x == floor(x) and x < TWO53 and x > -TWO53
+  return x % 1 == 0 and x < TWO53 and x > -TWO53
 end
 
 -- `a` and `b` formatted with `fast` (its fields '%d') when both are small integers, else
@@ -99,8 +99,12 @@ local function numbers(raw, pattern)
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
--- Every algorithm with a string state has decode (the stored string to a state, nil
--- when it is not this algorithm's) and encode (a state to the string stored).
+-- Every algorithm has fresh (a new empty state), decide and expires_at; one with a
+-- string state has decode (the stored string to a state, nil when it is not this
+-- algorithm's) and encode (a state to the string stored). decide(s, now, cost, q), for a
+-- valid quota (the caller answers an invalid one with invalid_quota), returns seven
+-- values: allowed, remaining, reset_after, retry_after, used, the next state and whether
+-- it changed; it never changes `s` in place (a changed state is a new table).
 local ALGOS = {}
 
 -- Whether `state` has expired at `now` (a state past its expiry answers as fresh, the

@@ -7,7 +7,6 @@ ALGOS[1] = {
   end,
   encode = function(s) return format_pair('f %d %d', 'f %.0f %.0f', s.ws, s.count) end,
   decide = function(s, now, cost, q)
-    if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local ws = now - fmod(now, q.period)
     if s.ws > ws then ws = s.ws end
     local count = 0
@@ -17,11 +16,10 @@ ALGOS[1] = {
     local allowed = count_after <= q.limit
     local remaining, retry = 0, reset_after
     if allowed then remaining = q.limit - count_after; retry = 0 end
-    local d = { allowed, remaining, reset_after, retry, count_after }
     if cost > 0 then
-      return d, { ws = ws, count = count_after }, true
+      return allowed, remaining, reset_after, retry, count_after, { ws = ws, count = count_after }, true
     end
-    return d, s, false
+    return allowed, remaining, reset_after, retry, count_after, s, false
   end,
   expires_at = function(s, q) return s.ws + q.period end,
 }

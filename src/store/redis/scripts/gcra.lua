@@ -46,7 +46,6 @@ ALGOS[5] = {
   end,
   encode = function(s) return format_pair('g %d %d', 'g %.0f %.0f', s.tat, s.frac) end,
   decide = function(s, now, cost, q)
-    if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local now_m = { us = now, frac = 0 }
     local tat = gcra_tat_of(s, q)
     local base = tat
@@ -56,7 +55,7 @@ ALGOS[5] = {
       local ahead = mx_in_intervals(mx_sub(base, now_m, q), q)
       local retry = mx_ceil(tau)
       if retry < 1 then retry = 1 end
-      return { false, 0, mx_ceil(mx_sub(base, now_m, q)), retry, to_u64(ceil(ahead + cost)) }, s, false
+      return false, 0, mx_ceil(mx_sub(base, now_m, q)), retry, to_u64(ceil(ahead + cost)), s, false
     end
     local new_tat = mx_add(base, mx_intervals(cost, q), q)
     local ahead = mx_sub(new_tat, now_m, q)
@@ -72,8 +71,8 @@ ALGOS[5] = {
     else
       retry = mx_ceil(mx_sub(ahead, tau, q))
     end
-    local d = { allowed, remaining, mx_ceil(mx_sub(kept, now_m, q)), retry, to_u64(ceil(units_ahead)) }
-    return d, next, changed
+    return allowed, remaining, mx_ceil(mx_sub(kept, now_m, q)), retry, to_u64(ceil(units_ahead)),
+      next, changed
   end,
   expires_at = function(s, q)
     if is_invalid(q) then return s.tat end

@@ -40,8 +40,8 @@ if algo == nil or kind == 3 then
   return redis.error_reply('sluice lease: algorithm ' .. tostring(kind) .. ' cannot lease')
 end
 if is_invalid(q) then
-  local d = invalid_quota(cost, q)
-  return { 0, reply_int(d[2]), reply_int(d[3]), reply_int(d[4]), reply_int(d[5]), 0, now, 0 }
+  local _, remaining, reset, retry, used = invalid_quota(cost, q)
+  return { 0, reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used), 0, now, 0 }
 end
 
 -- Load (tagged string states only: every leasable algorithm stores one).
@@ -99,8 +99,8 @@ end
 -- 2. The request itself, exactly as main.lua decides a single limit.
 local d = { 1, 0, 0, 0, 0 }
 if cost > 0 then
-  local dd, next, changed = algo.decide(state, now, cost, q)
-  d = { dd[1] and 1 or 0, dd[2], dd[3], dd[4], dd[5] }
+  local allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
+  d = { allowed and 1 or 0, remaining, reset, retry, used }
   if changed then state = next; dirty = true end
 end
 
@@ -109,15 +109,15 @@ local granted = 0
 if units > 0 and d[1] == 1 then
   if kind == 1 or kind == 2 then
     local strict = { limit = q.limit, period = q.period, burst = q.burst, stop = true }
-    local dl, next, changed = algo.decide(state, now, units, strict)
-    if dl[1] and changed then state = next; granted = units; dirty = true end
+    local admitted, _, _, _, _, next, changed = algo.decide(state, now, units, strict)
+    if admitted and changed then state = next; granted = units; dirty = true end
   elseif kind == 4 then
     local reserve = lifetime * q.limit / q.period
-    local dl, next, changed = algo.decide(state, now, units + reserve, q)
-    if dl[1] and changed then state = next; granted = units; dirty = true end
+    local admitted, _, _, _, _, next, changed = algo.decide(state, now, units + reserve, q)
+    if admitted and changed then state = next; granted = units; dirty = true end
   elseif kind == 5 then
-    local dl, next, changed = algo.decide(state, now, units, q)
-    if dl[1] and changed then
+    local admitted, _, _, _, _, next, changed = algo.decide(state, now, units, q)
+    if admitted and changed then
       local tat = mx_add(gcra_tat_of(next, q), { us = lifetime, frac = 0 }, q)
       local ahead = mx_sub(tat, { us = now, frac = 0 }, q)
       if mx_le(ahead, mx_intervals(q.burst, q)) then

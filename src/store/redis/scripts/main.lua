@@ -5,7 +5,8 @@
 --   [3] number of rules, then per rule: its number of limits, and per limit:
 --       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra),
 --       limit, period (µs), burst;
---   then per check: its rule (1-based index into those rules) and its cost.
+--   then per run of consecutive checks with the same rule and cost: the rule (1-based
+--   index into those rules), the cost, and the number of checks in the run.
 -- Checks are decided in order against a per-call state cache; nothing is written
 -- until every check is decided. Returns 5 integers per limit:
 --   allowed (1/0), remaining, reset_after, retry_after, used.
@@ -20,34 +21,56 @@ else
 end
 local commit = ARGV[2] == '1'
 
--- key -> { kind, state, orig, foreign, dirty }
-local cache = {}
-local order = {}
+-- Every distinct key of this call has a slot, numbered in first-seen order; per slot:
+-- its key, algorithm, current state, state as loaded, whether Redis holds another type
+-- there, and, once a committed decision changed it, the quota it was decided under
+-- (set: the state is to be written). Parallel arrays: no table per key.
+local slot_of = {}
+local slot_key, slot_kind, slot_state, slot_orig, slot_foreign, slot_quota = {}, {}, {}, {}, {}, {}
+local slots = 0
 
+-- One fresh state per algorithm for the whole call: nothing in this script changes a
+-- state in place (a decision that changes one returns a new table).
+local fresh_of = {}
+local function fresh(kind)
+  local state = fresh_of[kind]
+  if state == nil then
+    state = ALGOS[kind].fresh()
+    fresh_of[kind] = state
+  end
+  return state
+end
+
+-- The slot of `key` under algorithm `kind`, its state read from Redis on first use.
 local function load(key, kind)
-  local entry = cache[key]
-  if entry and entry.kind == kind then return entry end
+  local slot = slot_of[key]
+  if slot and slot_kind[slot] == kind then return slot end
   local algo = ALGOS[kind]
   local state, foreign
-  if entry then
+  if slot then
     -- Same key under another algorithm within one call: fresh, as in Rust.
-    state, foreign = algo.fresh(), true
+    state, foreign = fresh(kind), true
   elseif algo.load then
     state, foreign = algo.load(key)
   else
     local raw = redis.pcall('GET', key)
-    state, foreign = nil, false
+    foreign = false
     if type(raw) == 'string' then
       state = algo.decode(raw)
     elseif type(raw) == 'table' then
       foreign = true
     end
-    if state == nil then state = algo.fresh() end
+    if state == nil then state = fresh(kind) end
   end
-  entry = { kind = kind, state = state, orig = state, foreign = foreign, dirty = false }
-  if cache[key] == nil then order[#order + 1] = key end
-  cache[key] = entry
-  return entry
+  if slot == nil then
+    slots = slots + 1
+    slot = slots
+    slot_of[key] = slot
+    slot_key[slot] = key
+  end
+  slot_kind[slot], slot_state[slot], slot_orig[slot] = kind, state, state
+  slot_foreign[slot], slot_quota[slot] = foreign, nil
+  return slot
 end
 
 -- The rules of this call's checks, each listed once: the checks of a batch mostly
@@ -68,65 +91,74 @@ for r = 1, tonumber(ARGV[3]) do
 end
 
 local out = {}
-local k = 1
+local o = 0
 local nexts = {}
-for c = a, #ARGV, 2 do
+local k = 1
+-- Consecutive checks of one rule and cost come as one run: the rule, the cost, and
+-- how many checks.
+for c = a, #ARGV, 3 do
   local rule = rules[tonumber(ARGV[c])]
   local cost = tonumber(ARGV[c + 1])
   local n, kinds, quotas = rule.n, rule.kinds, rule.quotas
-  local first = k
-  k = k + n
-  for i = 1, n do nexts[i] = false end
-  local all_allowed = true
-  for i = 1, n do
-    local kind, q = kinds[i], quotas[i]
-    local entry = load(KEYS[first + i - 1], kind)
-    local state = entry.state
-    local algo = ALGOS[kind]
-    -- A state past its expiry answers as fresh (the memory store's rule).
-    local expired = has_expired(algo, state, now, q)
-    if expired then state = algo.fresh() end
-    local d, next, changed = algo.decide(state, now, cost, q)
-    if not d[1] then all_allowed = false end
-    -- A committed decision over an expired state drops it, as the memory store does.
-    if changed or expired then nexts[i] = next end
-    local o = #out
-    local remaining, reset, retry, used = d[2], d[3], d[4], d[5]
-    -- All four are ≥ 0: one test for the rare number past what a reply can carry.
-    if remaining + reset + retry + used > REPLY_MAX then
-      remaining, reset, retry, used =
-        reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used)
-    end
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-      d[1] and 1 or 0, remaining, reset, retry, used
-  end
-  -- All-or-nothing; a single limit commits even when refused (fixed window counts
-  -- refused hits, the others return no change).
-  if commit and (all_allowed or n == 1) then
+  for _ = 1, tonumber(ARGV[c + 2]) do
+    local first = k
+    k = k + n
+    local all_allowed = true
     for i = 1, n do
-      if nexts[i] then
-        local entry = cache[KEYS[first + i - 1]]
-        entry.state = nexts[i]
-        entry.dirty = true
-        entry.q = quotas[i]
+      local kind, q = kinds[i], quotas[i]
+      local slot = load(KEYS[first + i - 1], kind)
+      local state = slot_state[slot]
+      local algo = ALGOS[kind]
+      -- A state past its expiry answers as fresh (the memory store's rule).
+      local expired = has_expired(algo, state, now, q)
+      if expired then state = fresh(kind) end
+      local allowed, remaining, reset, retry, used, next, changed
+      if is_invalid(q) then
+        allowed, remaining, reset, retry, used = invalid_quota(cost, q)
+        next, changed = state, false
+      else
+        allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
+      end
+      if not allowed then all_allowed = false end
+      -- A committed decision over an expired state drops it, as the memory store does.
+      if changed or expired then nexts[i] = next else nexts[i] = false end
+      -- All four are ≥ 0: one test for the rare number past what a reply can carry.
+      if remaining + reset + retry + used > REPLY_MAX then
+        remaining, reset, retry, used =
+          reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used)
+      end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+        allowed and 1 or 0, remaining, reset, retry, used
+      o = o + 5
+    end
+    -- All-or-nothing; a single limit commits even when refused (fixed window counts
+    -- refused hits, the others return no change).
+    if commit and (all_allowed or n == 1) then
+      for i = 1, n do
+        local next = nexts[i]
+        if next then
+          local slot = slot_of[KEYS[first + i - 1]]
+          slot_state[slot], slot_quota[slot] = next, quotas[i]
+        end
       end
     end
   end
 end
 
-for _, key in ipairs(order) do
-  local entry = cache[key]
-  if entry.dirty then
-    local algo = ALGOS[entry.kind]
-    local expires = algo.expires_at(entry.state, entry.q)
+for slot = 1, slots do
+  local q = slot_quota[slot]
+  if q then
+    local key, state = slot_key[slot], slot_state[slot]
+    local algo = ALGOS[slot_kind[slot]]
+    local expires = algo.expires_at(state, q)
     if expires <= now then
       redis.call('DEL', key)
     else
       local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
       if algo.store then
-        algo.store(key, entry.orig, entry.foreign, entry.state, ttl_ms)
+        algo.store(key, slot_orig[slot], slot_foreign[slot], state, ttl_ms)
       else
-        redis.call('SET', key, algo.encode(entry.state), 'PX', int(ttl_ms))
+        redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
       end
     end
   end

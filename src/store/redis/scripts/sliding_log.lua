@@ -48,7 +48,6 @@ ALGOS[3] = {
     redis.call('PEXPIRE', key, int(ttl_ms))
   end,
   decide = function(s, now, cost, q)
-    if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local period = q.period
     local all = s.runs
     local newest = 0
@@ -90,8 +89,9 @@ ALGOS[3] = {
     if newest_after then reset_after = sat_sub(newest_after + period, now) end
     local remaining = 0
     if allowed then remaining = q.limit - used end
-    local d = { allowed, remaining, reset_after, retry, used }
-    if not allowed or cost == 0 then return d, s, false end
+    if not allowed or cost == 0 then
+      return allowed, remaining, reset_after, retry, used, s, false
+    end
     local runs = {}
     for i = live, #all do runs[#runs + 1] = { at = all[i].at, units = all[i].units } end
     local last = runs[#runs]
@@ -100,7 +100,7 @@ ALGOS[3] = {
     else
       runs[#runs + 1] = { at = at, units = cost }
     end
-    return d, { runs = runs }, true
+    return allowed, remaining, reset_after, retry, used, { runs = runs }, true
   end,
   expires_at = function(s, q)
     local last = s.runs[#s.runs]

@@ -44,7 +44,6 @@ ALGOS[2] = {
     return string.format('w %.0f %.0f %.0f', s.ws, s.prev, s.curr)
   end,
   decide = function(s, now, cost, q)
-    if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local period = q.period
     local at = now
     if s.ws > at then at = s.ws end
@@ -74,11 +73,12 @@ ALGOS[2] = {
     end
     local remaining = 0
     if a.allowed then remaining = to_u64(floor(q.limit - a.needed)) end
-    local d = { a.allowed, remaining, reset_after, retry, to_u64(ceil(a.needed)) }
+    local used = to_u64(ceil(a.needed))
     if a.allowed and cost > 0 then
-      return d, { ws = a.ws, prev = a.prev, curr = curr_after }, true
+      return a.allowed, remaining, reset_after, retry, used,
+        { ws = a.ws, prev = a.prev, curr = curr_after }, true
     end
-    return d, s, false
+    return a.allowed, remaining, reset_after, retry, used, s, false
   end,
   expires_at = function(s, q)
     local windows = 0

@@ -1,9 +1,9 @@
 -- Token bucket (mirror of src/algorithm/token_bucket.rs). State: {deficit, last};
 -- the deficit is a double, stored with 17 significant digits (exact round trip).
 local function tb_deficit_at(s, now, q)
-  local elapsed = sat_sub(now, s.last)
-  local refill = elapsed * q.limit / q.period
-  local deficit = s.deficit - refill
+  local elapsed = now - s.last
+  if elapsed < 0 then elapsed = 0 end
+  local deficit = s.deficit - elapsed * q.limit / q.period
   if deficit < 0 then deficit = 0 end
   return deficit
 end
@@ -42,7 +42,6 @@ ALGOS[4] = {
   -- A whole deficit (whole costs, not yet drained) prints with '%d' as '%.17g' would.
   encode = function(s) return format_pair('t %d %d', 't %.17g %.0f', s.deficit, s.last) end,
   decide = function(s, now, cost, q)
-    if is_invalid(q) then return invalid_quota(cost, q), s, false end
     local deficit = tb_deficit_at(s, now, q)
     local allowed = tb_fits(deficit, cost, q)
     local next, changed = s, false
@@ -72,8 +71,7 @@ ALGOS[4] = {
     if changed and next.last == now then next.expires, next.expires_q = now + reset_after, q end
     local remaining = 0
     if allowed then remaining = to_u64(floor(q.burst - deficit_after)) end
-    local d = { allowed, remaining, reset_after, retry, to_u64(ceil(deficit + cost)) }
-    return d, next, changed
+    return allowed, remaining, reset_after, retry, to_u64(ceil(deficit + cost)), next, changed
   end,
   expires_at = function(s, q)
     if s.expires_q == q then return s.expires end

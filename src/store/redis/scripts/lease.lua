@@ -108,8 +108,7 @@ end
 local granted = 0
 if units > 0 and d[1] == 1 then
   if kind == 1 or kind == 2 then
-    local strict = { limit = q.limit, period = q.period, burst = q.burst, stop = true }
-    local admitted, _, _, _, _, next, changed = algo.decide(state, now, units, strict)
+    local admitted, _, _, _, _, next, changed = algo.decide(state, now, units, q)
     if admitted and changed then state = next; granted = units; dirty = true end
   elseif kind == 4 then
     local reserve = lifetime * q.limit / q.period

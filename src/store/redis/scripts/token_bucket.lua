@@ -1,8 +1,9 @@
 -- Token bucket (mirror of src/algorithm/token_bucket.rs). State: {deficit, last};
 -- the deficit is a double, stored with 17 significant digits (exact round trip).
 local function tb_deficit_at(s, now, q)
+  -- sat_sub(now, s.last) inline (a NaN read from a damaged state also gives 0).
   local elapsed = now - s.last
-  if elapsed < 0 then elapsed = 0 end
+  if not (elapsed > 0) then elapsed = 0 end
   local deficit = s.deficit - elapsed * q.limit / q.period
   if deficit < 0 then deficit = 0 end
   return deficit

@@ -26,7 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 pub use keys::{Distribution, RequestMaker, Rng, Template};
-use pacer::{pace, Due};
+use pacer::{Schedule, Ticker, PACER_TICK};
 pub use report::{Report, Tally};
 
 /// Flags of `sluice bench`.
@@ -86,8 +86,10 @@ pub enum BenchError {
     /// A load thread's runtime could not start.
     #[error("starting a load thread's runtime: {0}")]
     Runtime(std::io::Error),
-    /// A load thread or the pacer panicked: its calls are unaccounted for, so the run
-    /// has no report.
+    /// A load thread's pacing timer could not start or be read (open loop).
+    #[error("pacing an open loop: {0}")]
+    Pacing(std::io::Error),
+    /// A load thread panicked: its calls are unaccounted for, so the run has no report.
     #[error("a load thread stopped unexpectedly; the run is void")]
     ThreadPanicked,
     /// Nonsense flags.
@@ -99,8 +101,8 @@ pub enum BenchError {
 ///
 /// Each of `--threads` OS threads runs its own single-threaded runtime with its own
 /// connections and its share of the calls (as h2load and wrk do): no call waits behind a
-/// scheduler another thread's calls keep busy, and no wakeup crosses threads but the
-/// pacer's.
+/// scheduler another thread's calls keep busy, and no wakeup crosses threads: in an
+/// open loop each thread paces its own share of the calls.
 pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     let threads = args.threads;
     if args.concurrency == 0 || args.connections == 0 || threads == 0 {
@@ -125,17 +127,20 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         args.keys.clone(),
         args.hits_addend,
     ));
-    let due: Vec<_> = (0..threads).map(|_| Arc::new(Due::new())).collect();
     let (ready_tx, ready_rx) = mpsc::channel();
     let mut starts = Vec::with_capacity(threads);
     let mut loads = Vec::with_capacity(threads);
-    for (index, thread_due) in due.iter().enumerate() {
+    for index in 0..threads {
         let share = Share {
             target: args.target,
             connections: split(args.connections, threads, index),
             concurrency: split(args.concurrency, threads, index),
             first_worker: index * args.concurrency.div_ceil(threads),
-            due: args.rate.map(|_| thread_due.clone()),
+            pacing: args.rate.map(|rate| Pacing {
+                rate,
+                threads: threads as u64,
+                index: index as u64,
+            }),
         };
         let (start_tx, start_rx) = oneshot::channel();
         starts.push(start_tx);
@@ -157,20 +162,16 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         // A thread that could not connect has already returned.
         let _ = start.send(failure.is_none().then_some(timeline));
     }
-    let pacer = match (failure.is_none(), args.rate) {
-        (true, Some(rate)) => Some(std::thread::spawn(move || pace(&due, rate, timeline.end))),
-        _ => None,
-    };
     let mut tally = Tally::new();
     let mut panicked = false;
     for load in loads {
         match load.join() {
-            Ok(thread_tally) => tally.merge(&thread_tally),
+            Ok(Ok(thread_tally)) => tally.merge(&thread_tally),
+            Ok(Err(error)) => {
+                failure.get_or_insert(error);
+            }
             Err(_) => panicked = true,
         }
-    }
-    if let Some(pacer) = pacer {
-        panicked |= pacer.join().is_err();
     }
     if let Some(error) = failure {
         return Err(error);
@@ -186,21 +187,34 @@ fn split(total: usize, parts: usize, index: usize) -> usize {
     total / parts + usize::from(index < total % parts)
 }
 
-/// When a run measures: from `measure_from` (after the warm-up) to `end`.
+/// When a run starts (an open loop's first call is due) and when it measures: from
+/// `measure_from` (after the warm-up) to `end`.
 #[derive(Clone, Copy, Debug)]
 struct Timeline {
+    start: Instant,
     measure_from: Instant,
     end: Instant,
 }
 
 impl Timeline {
     fn starting_now(warmup: Duration, duration: Duration) -> Self {
-        let measure_from = Instant::now() + warmup;
+        let start = Instant::now();
+        let measure_from = start + warmup;
         Self {
+            start,
             measure_from,
             end: measure_from + duration,
         }
     }
+}
+
+/// One load thread's part of an open loop: the run's rate, shared in turn by `threads`
+/// threads, this one number `index`.
+#[derive(Clone, Copy, Debug)]
+struct Pacing {
+    rate: f64,
+    threads: u64,
+    index: u64,
 }
 
 /// One load thread's part of a run.
@@ -210,19 +224,21 @@ struct Share {
     concurrency: usize,
     /// Number of this thread's first worker (seeds each worker's key sequence).
     first_worker: usize,
-    /// Open loop: where the pacer releases this thread's calls.
-    due: Option<Arc<Due>>,
+    /// Open loop: this thread's share of the schedule.
+    pacing: Option<Pacing>,
 }
 
 impl Share {
-    /// Connects, reports on `ready`, waits for the timeline (none: another thread failed
-    /// to connect) and runs the load on a runtime of its own.
+    /// Connects (and, in an open loop, starts its pacing timer), reports on `ready`,
+    /// waits for the timeline (none: another thread failed to start) and runs the load
+    /// on a runtime of its own. A failure before the start goes to `ready`; one after it
+    /// is returned.
     fn run(
         self,
         maker: &Arc<RequestMaker>,
         ready: &mpsc::Sender<Result<(), BenchError>>,
         start: oneshot::Receiver<Option<Timeline>>,
-    ) -> Tally {
+    ) -> Result<Tally, BenchError> {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -230,25 +246,39 @@ impl Share {
             Ok(runtime) => runtime,
             Err(error) => {
                 let _ = ready.send(Err(BenchError::Runtime(error)));
-                return Tally::new();
+                return Ok(Tally::new());
             }
         };
         runtime.block_on(async {
-            let clients = match self.connect().await {
-                Ok(clients) => clients,
+            let started = self.connect().await.and_then(|clients| {
+                let ticker = self.pacing.map(|_| Ticker::every(PACER_TICK)).transpose();
+                Ok((clients, ticker.map_err(BenchError::Pacing)?))
+            });
+            let (clients, ticker) = match started {
+                Ok(started) => started,
                 Err(error) => {
                     let _ = ready.send(Err(error));
-                    return Tally::new();
+                    return Ok(Tally::new());
                 }
             };
             let _ = ready.send(Ok(()));
             // Awaited, not blocked on: the connections' tasks run meanwhile.
             let Ok(Some(timeline)) = start.await else {
-                return Tally::new();
+                return Ok(Tally::new());
             };
-            match &self.due {
-                None => self.closed_loop(&clients, maker, timeline).await,
-                Some(due) => self.open_loop(&clients, maker, due, timeline).await,
+            match (self.pacing, ticker) {
+                (Some(pacing), Some(ticker)) => {
+                    let schedule = Schedule {
+                        start: timeline.start,
+                        end: timeline.end,
+                        rate: pacing.rate,
+                        threads: pacing.threads,
+                        index: pacing.index,
+                    };
+                    self.open_loop(&clients, maker, &schedule, &ticker, timeline)
+                        .await
+                }
+                _ => Ok(self.closed_loop(&clients, maker, timeline).await),
             }
         })
     }
@@ -293,16 +323,17 @@ impl Share {
         gather(workers).await
     }
 
-    /// Calls started when the pacer releases them on `due`, taken by whichever of the
-    /// `concurrency` workers is free. Latency runs from the call's start; a schedule the
-    /// workers cannot keep shows as a lower measured rate.
+    /// Calls started as `schedule` releases them on `ticker`'s ticks, taken by whichever
+    /// of the `concurrency` workers is free. Latency runs from the call's start; a
+    /// schedule the workers cannot keep shows as a lower measured rate.
     async fn open_loop(
         &self,
         clients: &[Client],
         maker: &Arc<RequestMaker>,
-        due: &Due,
+        schedule: &Schedule,
+        ticker: &Ticker,
         timeline: Timeline,
-    ) -> Tally {
+    ) -> Result<Tally, BenchError> {
         // Handed out on this thread: a released call wakes a worker without a syscall.
         let calls = Arc::new(Semaphore::new(0));
         let workers: Vec<_> = (0..self.concurrency)
@@ -318,7 +349,9 @@ impl Share {
                 })
             })
             .collect();
-        tokio::join!(due.dispatch(&calls), gather(workers)).1
+        let (paced, tally) = tokio::join!(schedule.dispatch(ticker, &calls), gather(workers));
+        paced.map_err(BenchError::Pacing)?;
+        Ok(tally)
     }
 }
 

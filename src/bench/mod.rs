@@ -26,7 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 pub use keys::{Distribution, RequestMaker, Rng, Template};
-use pacer::{Schedule, Ticker, PACER_TICK};
+use pacer::{Ticker, PACER_TICK};
 pub use report::{Report, Tally};
 
 /// Flags of `sluice bench`.
@@ -136,7 +136,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
             connections: split(args.connections, threads, index),
             concurrency: split(args.concurrency, threads, index),
             first_worker: index * args.concurrency.div_ceil(threads),
-            pacing: args.rate.map(|rate| Pacing {
+            pacing: args.rate.map(|rate| pacer::Pace {
                 rate,
                 threads: threads as u64,
                 index: index as u64,
@@ -208,15 +208,6 @@ impl Timeline {
     }
 }
 
-/// One load thread's part of an open loop: the run's rate, shared in turn by `threads`
-/// threads, this one number `index`.
-#[derive(Clone, Copy, Debug)]
-struct Pacing {
-    rate: f64,
-    threads: u64,
-    index: u64,
-}
-
 /// One load thread's part of a run.
 struct Share {
     target: SocketAddr,
@@ -224,8 +215,8 @@ struct Share {
     concurrency: usize,
     /// Number of this thread's first worker (seeds each worker's key sequence).
     first_worker: usize,
-    /// Open loop: this thread's share of the schedule.
-    pacing: Option<Pacing>,
+    /// Open loop: this thread's share of the calls.
+    pacing: Option<pacer::Pace>,
 }
 
 impl Share {
@@ -267,15 +258,8 @@ impl Share {
                 return Ok(Tally::new());
             };
             match (self.pacing, ticker) {
-                (Some(pacing), Some(ticker)) => {
-                    let schedule = Schedule {
-                        start: timeline.start,
-                        end: timeline.end,
-                        rate: pacing.rate,
-                        threads: pacing.threads,
-                        index: pacing.index,
-                    };
-                    self.open_loop(&clients, maker, &schedule, &ticker, timeline)
+                (Some(pace), Some(ticker)) => {
+                    self.open_loop(&clients, maker, &pace, &ticker, timeline)
                         .await
                 }
                 _ => Ok(self.closed_loop(&clients, maker, timeline).await),
@@ -323,14 +307,14 @@ impl Share {
         gather(workers).await
     }
 
-    /// Calls started as `schedule` releases them on `ticker`'s ticks, taken by whichever
+    /// Calls started as `pace` releases them on `ticker`'s ticks, taken by whichever
     /// of the `concurrency` workers is free. Latency runs from the call's start; a
     /// schedule the workers cannot keep shows as a lower measured rate.
     async fn open_loop(
         &self,
         clients: &[Client],
         maker: &Arc<RequestMaker>,
-        schedule: &Schedule,
+        pace: &pacer::Pace,
         ticker: &Ticker,
         timeline: Timeline,
     ) -> Result<Tally, BenchError> {
@@ -349,7 +333,8 @@ impl Share {
                 })
             })
             .collect();
-        let (paced, tally) = tokio::join!(schedule.dispatch(ticker, &calls), gather(workers));
+        let paced = pace.dispatch(ticker, timeline.start, timeline.end, &calls);
+        let (paced, tally) = tokio::join!(paced, gather(workers));
         paced.map_err(BenchError::Pacing)?;
         Ok(tally)
     }

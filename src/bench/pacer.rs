@@ -3,11 +3,12 @@
 //! the thread's tokio reactor).
 //!
 //! Call n of the run (n = 0, 1, …) falls due once more than n / rate seconds have passed
-//! since the start, and belongs to thread n % threads, so the threads share the calls in turn without talking to
-//! each other. A timerfd costs nothing while its thread is busy (the tick is read with
-//! the next poll of the reactor) and one wakeup when it is idle. Before it, a pacer
-//! thread released every thread's calls: a wakeup of its own every tick (12 % of a vCPU
-//! at 70 000 calls/s) and one cross-thread wakeup per load thread.
+//! since the start, and belongs to thread n % threads ([`Pace`]): the threads share the
+//! calls in turn without talking to each other. A timerfd costs nothing while its thread
+//! is busy (the tick is read with the next poll of the reactor) and one wakeup when it
+//! is idle. Before it, a pacer thread released every thread's calls: a wakeup of its own
+//! every tick (12 % of a vCPU at 70 000 calls/s) and one cross-thread wakeup per load
+//! thread.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -28,11 +29,7 @@ pub const PACER_TICK: Duration = Duration::from_micros(200);
 
 /// One load thread's share of an open loop's calls.
 #[derive(Clone, Copy, Debug)]
-pub struct Schedule {
-    /// When call 0 is due.
-    pub start: Instant,
-    /// No call is released from here on.
-    pub end: Instant,
+pub struct Pace {
     /// Calls per second, all threads together.
     pub rate: f64,
     /// Load threads sharing the calls.
@@ -41,17 +38,24 @@ pub struct Schedule {
     pub index: u64,
 }
 
-impl Schedule {
-    /// This thread's calls due by `now`: the n < rate × elapsed with n % threads == index.
-    pub fn due_at(&self, now: Instant) -> u64 {
-        let all = (now.saturating_duration_since(self.start).as_secs_f64() * self.rate) as u64;
+impl Pace {
+    /// This thread's calls due `elapsed` after the start: the n < rate × elapsed with
+    /// n % threads == index.
+    pub fn due_after(&self, elapsed: Duration) -> u64 {
+        let all = (elapsed.as_secs_f64() * self.rate) as u64;
         (all + self.threads - 1 - self.index) / self.threads
     }
 
-    /// On the load thread: hands this thread's calls to `workers` (a permit each) as
-    /// they fall due, until `end`; then closes `workers` (also when the timer fails).
-    /// Returns the calls released.
-    pub async fn dispatch(&self, ticker: &Ticker, workers: &Semaphore) -> io::Result<u64> {
+    /// On the load thread: hands this thread's calls, due from `start`, to `workers` (a
+    /// permit each) as they fall due, until `end`; then closes `workers` (also when the
+    /// timer fails). Returns the calls released.
+    pub async fn dispatch(
+        &self,
+        ticker: &Ticker,
+        start: Instant,
+        end: Instant,
+        workers: &Semaphore,
+    ) -> io::Result<u64> {
         let mut released = 0u64;
         loop {
             if let Err(error) = ticker.tick().await {
@@ -59,11 +63,11 @@ impl Schedule {
                 return Err(error);
             }
             let now = Instant::now();
-            if now >= self.end {
+            if now >= end {
                 workers.close();
                 return Ok(released);
             }
-            let due = self.due_at(now);
+            let due = self.due_after(now.saturating_duration_since(start));
             if due > released {
                 let room = Semaphore::MAX_PERMITS - workers.available_permits();
                 workers.add_permits(usize::try_from(due - released).map_or(room, |n| n.min(room)));
@@ -126,18 +130,15 @@ mod tests {
 
     #[test]
     fn threads_share_the_calls_in_turn() {
-        let start = Instant::now();
-        let schedule = |index| Schedule {
-            start,
-            end: start + Duration::from_secs(1),
+        let pace = |index| Pace {
             rate: 1000.0,
             threads: 3,
             index,
         };
         for elapsed_ms in [0u64, 1, 2, 7, 10, 999] {
-            let at = start + Duration::from_millis(elapsed_ms) + Duration::from_micros(1500);
+            let elapsed = Duration::from_millis(elapsed_ms) + Duration::from_micros(1500);
             // 1 000 calls/s: calls 0..=elapsed_ms are due (n < 1 000 × elapsed).
-            let due: Vec<_> = (0..3).map(|index| schedule(index).due_at(at)).collect();
+            let due: Vec<_> = (0..3).map(|index| pace(index).due_after(elapsed)).collect();
             assert_eq!(due.iter().sum::<u64>(), elapsed_ms + 1, "{due:?}");
             // Call n goes to thread n % 3: the first threads are ahead by one at most.
             assert!(
@@ -153,10 +154,7 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let start = Instant::now();
-        let schedule = Schedule {
-            start,
-            end: start + Duration::from_millis(40),
+        let pace = Pace {
             rate: 50_000.0,
             threads: 1,
             index: 0,
@@ -172,7 +170,9 @@ mod tests {
                 }
                 taken
             };
-            tokio::join!(schedule.dispatch(&ticker, &workers), take)
+            let start = Instant::now();
+            let end = start + Duration::from_millis(40);
+            tokio::join!(pace.dispatch(&ticker, start, end, &workers), take)
         });
         let released = released.expect("ticks");
         // 40 ms at 50 000 calls/s: 2 000 calls, less what fell due after the last tick

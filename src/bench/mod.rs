@@ -242,10 +242,14 @@ impl Share {
         };
         runtime.block_on(async {
             let started = self.connect().await.and_then(|clients| {
-                let ticker = self.pacing.map(|_| Ticker::every(PACER_TICK)).transpose();
-                Ok((clients, ticker.map_err(BenchError::Pacing)?))
+                // Open loop: this thread's pace and the timer that paces it.
+                let paced = self
+                    .pacing
+                    .map(|pace| Ticker::every(PACER_TICK).map(|ticker| (pace, ticker)))
+                    .transpose();
+                Ok((clients, paced.map_err(BenchError::Pacing)?))
             });
-            let (clients, ticker) = match started {
+            let (clients, paced) = match started {
                 Ok(started) => started,
                 Err(error) => {
                     let _ = ready.send(Err(error));
@@ -257,12 +261,12 @@ impl Share {
             let Ok(Some(timeline)) = start.await else {
                 return Ok(Tally::new());
             };
-            match (self.pacing, ticker) {
-                (Some(pace), Some(ticker)) => {
+            match paced {
+                Some((pace, ticker)) => {
                     self.open_loop(&clients, maker, &pace, &ticker, timeline)
                         .await
                 }
-                _ => Ok(self.closed_loop(&clients, maker, timeline).await),
+                None => Ok(self.closed_loop(&clients, maker, timeline).await),
             }
         })
     }

@@ -1,6 +1,7 @@
 //! `sluice bench` against a real Sluice server: every call is counted once whatever the
 //! number of load threads, the open loop keeps its rate, OVER_LIMIT answers are told
-//! apart from OK, and bad flags or an unreachable target are errors, not empty reports.
+//! apart from OK, failed calls are never throughput, and bad flags or an unreachable
+//! target are errors, not empty reports.
 
 mod support;
 
@@ -73,6 +74,35 @@ async fn the_open_loop_keeps_its_rate_over_several_threads() {
         "2000 calls in the measured second: {report:?}"
     );
     assert!(report.errors == 0, "{report:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_are_errors_not_throughput() {
+    let server = server().await;
+    let target = server.grpc.to_string();
+    // An empty domain is refused with INVALID_ARGUMENT, fast, on every call.
+    let report = run(bench_args(&format!(
+        "--target {target} --threads 2 --connections 2 --concurrency 4 \
+         --duration 300ms --warmup 0s --domain="
+    )))
+    .await
+    .expect("bench runs");
+    assert!(report.errors > 0, "{report:?}");
+    assert_eq!(report.requests, report.errors, "{report:?}");
+    assert_eq!(
+        report.errors_by_code.get("InvalidArgument"),
+        Some(&report.errors),
+        "{report:?}"
+    );
+    assert_eq!(report.rps, 0.0, "no call was answered: {report:?}");
+    assert!(report.errors_per_sec > 0.0, "{report:?}");
+    assert!(report.error_latency_ms.is_some(), "{report:?}");
+    assert!(
+        report.text().contains("answered 0 req/s"),
+        "{}",
+        report.text()
+    );
     server.stop().await;
 }
 

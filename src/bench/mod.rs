@@ -23,7 +23,6 @@ use clap::Args;
 use tokio::sync::{oneshot, Semaphore};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 pub use keys::{Distribution, RequestMaker, Rng, Template};
 use pacer::{Ticker, PACER_TICK};
@@ -359,8 +358,9 @@ impl Worker {
         let sent = Instant::now();
         let result = self.client.should_rate_limit(request).await;
         if sent >= measure_from {
-            self.tally.record(sent.elapsed());
-            count(&mut self.tally, result);
+            let latency = sent.elapsed();
+            let code = result.as_ref().map(|r| r.get_ref().overall_code);
+            self.tally.count(latency, code);
         }
     }
 }
@@ -392,24 +392,6 @@ async fn gather(workers: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
         }
     }
     total
-}
-
-/// Counts one call's outcome.
-fn count(
-    tally: &mut Tally,
-    result: Result<tonic::Response<crate::proto::rls::RateLimitResponse>, tonic::Status>,
-) {
-    match result.map(|r| r.into_inner().overall_code) {
-        Ok(code) if code == Code::Ok as i32 => tally.ok += 1,
-        Ok(code) if code == Code::OverLimit as i32 => tally.over_limit += 1,
-        Ok(_) => tally.unknown += 1,
-        Err(status) => {
-            *tally
-                .errors
-                .entry(format!("{:?}", status.code()))
-                .or_default() += 1;
-        }
-    }
 }
 
 #[cfg(test)]

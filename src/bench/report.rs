@@ -7,12 +7,16 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use super::BenchArgs;
+use crate::proto::rls::rate_limit_response::Code;
 use serde::Serialize;
 
 /// Outcomes and latencies recorded by one worker (merged at the end).
 pub struct Tally {
-    /// Latency of every measured call, in microseconds.
+    /// Latency of every answered call (any overall code), in microseconds.
     pub latency: Histogram<u64>,
+    /// Latency of every failed call, in microseconds: kept apart, so that calls failing
+    /// fast can neither pass for throughput nor pull the answered calls' latency down.
+    pub error_latency: Histogram<u64>,
     /// Calls answered `overall_code: OK`.
     pub ok: u64,
     /// Calls answered `overall_code: OVER_LIMIT`.
@@ -23,12 +27,24 @@ pub struct Tally {
     pub errors: BTreeMap<String, u64>,
 }
 
+/// An empty latency histogram: 1 µs to 100 s at 3 significant digits.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000, 3)
+        .expect("1 µs .. 100 s at 3 significant digits are valid bounds")
+}
+
+/// Records `latency` in `histogram` (saturating at its top).
+fn record(histogram: &mut Histogram<u64>, latency: Duration) {
+    let micros = (latency.as_micros() as u64).clamp(1, histogram.high());
+    histogram.saturating_record(micros);
+}
+
 impl Tally {
     /// An empty tally.
     pub fn new() -> Self {
         Self {
-            latency: Histogram::new_with_bounds(1, 100_000_000, 3)
-                .expect("1 µs .. 100 s at 3 significant digits are valid bounds"),
+            latency: histogram(),
+            error_latency: histogram(),
             ok: 0,
             over_limit: 0,
             unknown: 0,
@@ -36,16 +52,34 @@ impl Tally {
         }
     }
 
-    /// Records one call's latency (saturating at the histogram's top).
-    pub fn record(&mut self, latency: Duration) {
-        let micros = (latency.as_micros() as u64).clamp(1, self.latency.high());
-        self.latency.saturating_record(micros);
+    /// Counts one call that took `latency`: its overall code, or its gRPC error.
+    pub fn count(&mut self, latency: Duration, result: Result<i32, &tonic::Status>) {
+        match result {
+            Ok(code) => {
+                record(&mut self.latency, latency);
+                if code == Code::Ok as i32 {
+                    self.ok += 1;
+                } else if code == Code::OverLimit as i32 {
+                    self.over_limit += 1;
+                } else {
+                    self.unknown += 1;
+                }
+            }
+            Err(status) => {
+                record(&mut self.error_latency, latency);
+                *self
+                    .errors
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1;
+            }
+        }
     }
 
     /// Adds `other` into `self`.
     pub fn merge(&mut self, other: &Tally) {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.latency.add(&other.latency);
+        let _ = self.error_latency.add(&other.error_latency);
         self.ok += other.ok;
         self.over_limit += other.over_limit;
         self.unknown += other.unknown;
@@ -78,6 +112,29 @@ pub struct Latency {
     pub max: f64,
 }
 
+impl Latency {
+    /// The percentiles of `histogram` (microseconds); zeros when it is empty.
+    fn of(histogram: &Histogram<u64>) -> Self {
+        let ms = |micros: u64| micros as f64 / 1000.0;
+        Self {
+            mean: histogram.mean() / 1000.0,
+            p50: ms(histogram.value_at_quantile(0.50)),
+            p90: ms(histogram.value_at_quantile(0.90)),
+            p99: ms(histogram.value_at_quantile(0.99)),
+            p999: ms(histogram.value_at_quantile(0.999)),
+            max: ms(histogram.max()),
+        }
+    }
+
+    /// One line of text.
+    fn text(&self) -> String {
+        format!(
+            "mean {:.3}  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+            self.mean, self.p50, self.p90, self.p99, self.p999, self.max
+        )
+    }
+}
+
 /// The summary `sluice bench` prints.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Report {
@@ -95,8 +152,10 @@ pub struct Report {
     pub duration_secs: f64,
     /// Calls completed in the measured period, failed ones included.
     pub requests: u64,
-    /// Completed calls per second.
+    /// Answered calls per second: a failed call is never throughput.
     pub rps: f64,
+    /// Failed calls per second.
+    pub errors_per_sec: f64,
     /// `overall_code: OK` answers.
     pub ok: u64,
     /// `overall_code: OVER_LIMIT` answers.
@@ -105,20 +164,27 @@ pub struct Report {
     pub unknown: u64,
     /// Failed calls, all codes together.
     pub errors: u64,
-    /// Failed calls per gRPC status code.
+    /// Failed calls per gRPC status code name.
     pub errors_by_code: BTreeMap<String, u64>,
-    /// Latency in milliseconds (all completed calls, failed ones included).
+    /// Latency of the answered calls, in milliseconds.
     pub latency_ms: Latency,
+    /// Latency of the failed calls, in milliseconds (none when no call failed).
+    pub error_latency_ms: Option<Latency>,
 }
 
 impl Report {
     /// Summarises `tally`, measured by the load `args` describe.
     pub fn new(args: &BenchArgs, tally: &Tally) -> Self {
         let errors: u64 = tally.errors.values().sum();
-        let requests = tally.ok + tally.over_limit + tally.unknown + errors;
+        let answered = tally.ok + tally.over_limit + tally.unknown;
         let secs = args.duration.as_secs_f64();
-        let h = &tally.latency;
-        let ms = |micros: u64| micros as f64 / 1000.0;
+        let per_sec = |calls: u64| {
+            if secs > 0.0 {
+                calls as f64 / secs
+            } else {
+                0.0
+            }
+        };
         Self {
             target: args.target.to_string(),
             threads: args.threads,
@@ -126,25 +192,16 @@ impl Report {
             concurrency: args.concurrency,
             rate: args.rate,
             duration_secs: secs,
-            requests,
-            rps: if secs > 0.0 {
-                requests as f64 / secs
-            } else {
-                0.0
-            },
+            requests: answered + errors,
+            rps: per_sec(answered),
+            errors_per_sec: per_sec(errors),
             ok: tally.ok,
             over_limit: tally.over_limit,
             unknown: tally.unknown,
             errors,
             errors_by_code: tally.errors.clone(),
-            latency_ms: Latency {
-                mean: h.mean() / 1000.0,
-                p50: ms(h.value_at_quantile(0.50)),
-                p90: ms(h.value_at_quantile(0.90)),
-                p99: ms(h.value_at_quantile(0.99)),
-                p999: ms(h.value_at_quantile(0.999)),
-                max: ms(h.max()),
-            },
+            latency_ms: Latency::of(&tally.latency),
+            error_latency_ms: (errors > 0).then(|| Latency::of(&tally.error_latency)),
         }
     }
 
@@ -154,22 +211,10 @@ impl Report {
             Some(rate) => format!("open loop at {rate:.0} req/s"),
             None => "closed loop".to_owned(),
         };
-        let errors = if self.errors_by_code.is_empty() {
-            String::new()
-        } else {
-            let codes: Vec<String> = self
-                .errors_by_code
-                .iter()
-                .map(|(code, count)| format!("{code}={count}"))
-                .collect();
-            format!(" ({})", codes.join(", "))
-        };
-        let l = &self.latency_ms;
-        format!(
+        let mut text = format!(
             "target {}: {} threads, {} connections, {} in flight, {mode}, {:.1} s measured\n\
-             requests {}  {:.0} req/s\n\
-             ok {}  over_limit {}  unknown {}  errors {}{errors}\n\
-             latency ms  mean {:.3}  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}\n",
+             requests {}  answered {:.0} req/s  failed {:.0} calls/s\n\
+             ok {}  over_limit {}  unknown {}  errors {}",
             self.target,
             self.threads,
             self.connections,
@@ -177,16 +222,85 @@ impl Report {
             self.duration_secs,
             self.requests,
             self.rps,
+            self.errors_per_sec,
             self.ok,
             self.over_limit,
             self.unknown,
             self.errors,
-            l.mean,
-            l.p50,
-            l.p90,
-            l.p99,
-            l.p999,
-            l.max
-        )
+        );
+        if !self.errors_by_code.is_empty() {
+            let codes: Vec<String> = self
+                .errors_by_code
+                .iter()
+                .map(|(code, count)| format!("{code}={count}"))
+                .collect();
+            text.push_str(&format!(" ({})", codes.join(", ")));
+        }
+        text.push_str(&format!(
+            "\nlatency ms, answered calls  {}\n",
+            self.latency_ms.text()
+        ));
+        if let Some(failed) = &self.error_latency_ms {
+            text.push_str(&format!("latency ms, failed calls  {}\n", failed.text()));
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The arguments of a 2-second closed-loop run.
+    fn args() -> BenchArgs {
+        let cli = crate::settings::Cli::parse_from(["sluice", "bench", "--duration", "2s"]);
+        match cli.command {
+            crate::settings::Command::Bench(args) => *args,
+            _ => unreachable!("parsed the bench command"),
+        }
+    }
+
+    #[test]
+    fn failed_calls_are_neither_throughput_nor_answered_latency() {
+        let mut tally = Tally::new();
+        for _ in 0..10 {
+            tally.count(Duration::from_millis(4), Ok(Code::Ok as i32));
+        }
+        tally.count(Duration::from_millis(4), Ok(Code::OverLimit as i32));
+        tally.count(Duration::from_millis(4), Ok(Code::Unknown as i32));
+        let refused = tonic::Status::unavailable("down");
+        for _ in 0..1000 {
+            tally.count(Duration::from_micros(20), Err(&refused));
+        }
+        let report = Report::new(&args(), &tally);
+        assert_eq!((report.ok, report.over_limit, report.unknown), (10, 1, 1));
+        assert_eq!(report.requests, 1012);
+        assert_eq!(report.rps, 6.0, "12 answered calls in 2 s");
+        assert_eq!(report.errors_per_sec, 500.0);
+        assert_eq!(report.errors_by_code.get("Unavailable"), Some(&1000));
+        assert!(report.latency_ms.p50 >= 3.99, "{report:?}");
+        let failed = report.error_latency_ms.as_ref().expect("calls failed");
+        assert!(failed.p99 <= 0.021, "{report:?}");
+        let text = report.text();
+        assert!(
+            text.contains("answered 6 req/s  failed 500 calls/s"),
+            "{text}"
+        );
+        assert!(text.contains("Unavailable=1000"), "{text}");
+        assert!(text.contains("latency ms, failed calls"), "{text}");
+    }
+
+    #[test]
+    fn a_run_without_failures_reports_no_failed_latency() {
+        let mut tally = Tally::new();
+        tally.count(Duration::from_millis(1), Ok(Code::Ok as i32));
+        let report = Report::new(&args(), &tally);
+        assert_eq!(report.error_latency_ms, None);
+        assert!(
+            !report.text().contains("failed calls "),
+            "{}",
+            report.text()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Graceful shutdown of the real binary: on SIGTERM readiness turns false at once, calls
 //! keep being answered through the drain delay, no call fails except by a clean refusal
-//! once the listener is closed, and the process exits 0 within the drain timeout.
+//! once the listener is closed, and the process exits 0 within the drain timeout, with
+//! no warning logged on the way out (the Redis store's clients included).
 
 mod support;
 
@@ -38,12 +39,7 @@ fn request(n: u64) -> RateLimitRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_without_failing_a_call() {
-    let config = tempfile::tempdir().expect("temp dir");
-    std::fs::write(
-        config.path().join("rules.yaml"),
-        "domain: life\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
-    )
-    .expect("write rules");
+    let config = life_config();
     let (sluice, grpc, http) = SluiceProcess::serve(
         config.path(),
         &["--drain-delay", "1s", "--drain-timeout", "5s"],
@@ -182,4 +178,80 @@ async fn sigterm_drains_without_failing_a_call() {
         during_drain > 0,
         "no call was answered during the drain delay"
     );
+}
+
+/// A config directory with the `life` domain's rule.
+fn life_config() -> tempfile::TempDir {
+    let config = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        config.path().join("rules.yaml"),
+        "domain: life\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
+    )
+    .expect("write rules");
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_redis_store_logs_no_warning() {
+    // The Redis clients of each lane were told to quit from the main runtime once the
+    // lanes had stopped, and fred warned that it could not reach their routers (in
+    // about 3 shutdowns of 8): several shutdowns, each must be clean.
+    let redis = support::redis::RedisServer::start();
+    let config = life_config();
+    for round in 0..6u64 {
+        let (sluice, grpc, _http) = SluiceProcess::serve(
+            config.path(),
+            &[
+                "--store",
+                "redis",
+                "--redis-url",
+                &redis.url(),
+                // A debug build under load: no call may time out (that warns too).
+                "--redis-timeout",
+                "1s",
+                "--workers",
+                "2",
+                "--drain-delay",
+                "0s",
+            ],
+        );
+        // Load on four connections until the signal, so that both lanes are busy with
+        // their clients as the shutdown begins.
+        let mut callers = Vec::new();
+        for connection in 0..4u64 {
+            let grpc = grpc.clone();
+            callers.push(tokio::spawn(async move {
+                let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+                    .await
+                    .expect("connect");
+                let until = Instant::now() + Duration::from_millis(300);
+                let mut n = round * 1000 + connection;
+                while Instant::now() < until {
+                    let response = client.should_rate_limit(request(n)).await;
+                    let code = response.expect("answered").into_inner().overall_code;
+                    assert_eq!(code, 1, "OK");
+                    n += 4;
+                }
+            }));
+        }
+        for caller in callers {
+            caller.await.expect("caller");
+        }
+        sluice.terminate();
+        let mut sluice = sluice;
+        let status = tokio::task::spawn_blocking(move || {
+            let status = sluice.wait_exit(Duration::from_secs(10));
+            // The reader thread may still be echoing the last lines.
+            std::thread::sleep(Duration::from_millis(100));
+            (status, sluice.warnings())
+        })
+        .await
+        .expect("wait task");
+        assert!(status.0.success(), "exit status {:?}", status.0);
+        assert!(
+            status.1.is_empty(),
+            "shutdown {round} logged warnings: {:#?}",
+            status.1
+        );
+    }
 }

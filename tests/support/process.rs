@@ -4,10 +4,11 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A `sluice serve` process, killed on drop.
-pub struct SluiceProcess(pub Child);
+pub struct SluiceProcess(pub Child, Arc<Mutex<Vec<String>>>);
 
 impl SluiceProcess {
     /// Starts `sluice serve --config CONFIG` on ports 0 with JSON logs and `extra` flags.
@@ -26,13 +27,17 @@ impl SluiceProcess {
             .spawn()
             .expect("start sluice");
         let stdout = child.stdout.take().expect("stdout");
-        let process = Self(child);
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let process = Self(child, warnings.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
                     panic!("--log-format json wrote a non-JSON line: {line}");
                 };
+                if json["level"] == "WARN" || json["level"] == "ERROR" {
+                    warnings.lock().expect("warnings").push(line.clone());
+                }
                 let fields = &json["fields"];
                 if fields["message"] == "sluice serving" {
                     let addr = |name: &str| fields[name].as_str().unwrap_or_default().to_owned();
@@ -45,6 +50,11 @@ impl SluiceProcess {
             .recv_timeout(Duration::from_secs(20))
             .expect("sluice logged its addresses");
         (process, grpc, http)
+    }
+
+    /// The WARN and ERROR lines it has logged so far.
+    pub fn warnings(&self) -> Vec<String> {
+        self.1.lock().expect("warnings").clone()
     }
 
     /// Sends SIGTERM.

@@ -20,6 +20,7 @@ use arc_swap::{ArcSwap, Guard};
 use fred::prelude::{Client, ClientLike, Config, Server};
 use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 
 use super::client::{self, RedisMode, RedisOptions};
@@ -95,6 +96,10 @@ pub struct Nodes {
     writer: Mutex<()>,
     /// Refreshes so far: which primary to ask first.
     asked: AtomicUsize,
+    /// The runtime the clients run on (a lane's): told to quit there when the nodes are
+    /// dropped, since a client's router is a task of that runtime. If it has stopped,
+    /// so have the connections.
+    runtime: Handle,
 }
 
 impl Nodes {
@@ -120,6 +125,7 @@ impl Nodes {
                 factory,
                 writer: Mutex::new(()),
                 asked: AtomicUsize::new(0),
+                runtime: Handle::current(),
             }));
         }
         let wake = Arc::new(Notify::new());
@@ -133,6 +139,7 @@ impl Nodes {
             factory,
             writer: Mutex::new(()),
             asked: AtomicUsize::new(0),
+            runtime: Handle::current(),
         });
         tokio::spawn(refresh(Arc::downgrade(&nodes), wake));
         Ok(nodes)
@@ -236,13 +243,12 @@ impl Nodes {
 impl Drop for Nodes {
     fn drop(&mut self) {
         let nodes = self.topology.load().nodes.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                for node in nodes {
-                    let _ = node.client.quit().await;
-                }
-            });
-        }
+        // Spawned where the clients run: a runtime that has stopped drops the task.
+        self.runtime.spawn(async move {
+            for node in nodes {
+                let _ = node.client.quit().await;
+            }
+        });
     }
 }
 

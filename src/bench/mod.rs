@@ -37,7 +37,8 @@ pub struct BenchArgs {
     /// Calls in flight at most.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
-    /// HTTP/2 connections to spread the calls over.
+    /// HTTP/2 connections to spread the calls over (as many as `--threads` to load a
+    /// thread-per-core server: with more, which server thread each lands on is a race)
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
     /// Measured time.

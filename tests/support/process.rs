@@ -8,7 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A `sluice serve` process, killed on drop.
-pub struct SluiceProcess(pub Child, Arc<Mutex<Vec<String>>>);
+pub struct SluiceProcess {
+    child: Child,
+    /// The WARN and ERROR lines read from its log so far.
+    warnings: Arc<Mutex<Vec<String>>>,
+    /// Reads its log until the process closes its stdout.
+    reader: Option<std::thread::JoinHandle<()>>,
+}
 
 impl SluiceProcess {
     /// Starts `sluice serve --config CONFIG` on ports 0 with JSON logs and `extra` flags.
@@ -28,15 +34,15 @@ impl SluiceProcess {
             .expect("start sluice");
         let stdout = child.stdout.take().expect("stdout");
         let warnings = Arc::new(Mutex::new(Vec::new()));
-        let process = Self(child, warnings.clone());
+        let logged = warnings.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
                     panic!("--log-format json wrote a non-JSON line: {line}");
                 };
                 if json["level"] == "WARN" || json["level"] == "ERROR" {
-                    warnings.lock().expect("warnings").push(line.clone());
+                    logged.lock().expect("warnings").push(line.clone());
                 }
                 let fields = &json["fields"];
                 if fields["message"] == "sluice serving" {
@@ -46,21 +52,34 @@ impl SluiceProcess {
                 eprintln!("sluice: {line}");
             }
         });
+        let process = Self {
+            child,
+            warnings,
+            reader: Some(reader),
+        };
         let (grpc, http) = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("sluice logged its addresses");
         (process, grpc, http)
     }
 
-    /// The WARN and ERROR lines it has logged so far.
-    pub fn warnings(&self) -> Vec<String> {
-        self.1.lock().expect("warnings").clone()
+    /// Every WARN and ERROR line it logged, once it has exited (see [`Self::wait_exit`]):
+    /// waits for its whole log to be read.
+    pub fn warnings_after_exit(&mut self) -> Vec<String> {
+        assert!(
+            self.child.try_wait().expect("wait").is_some(),
+            "sluice is still running"
+        );
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("log reader");
+        }
+        self.warnings.lock().expect("warnings").clone()
     }
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let killed = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
+            .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(killed.success(), "kill -TERM failed");
@@ -70,7 +89,7 @@ impl SluiceProcess {
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(status) = self.0.try_wait().expect("wait") {
+            if let Some(status) = self.child.try_wait().expect("wait") {
                 return status;
             }
             assert!(
@@ -84,7 +103,7 @@ impl SluiceProcess {
 
 impl Drop for SluiceProcess {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

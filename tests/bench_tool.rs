@@ -39,16 +39,23 @@ async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         .expect("bench thread")
 }
 
+/// A run of `flags` against `server`, which must produce a report.
+async fn bench_against(server: &TestServer, flags: &str) -> Report {
+    let target = server.grpc;
+    run(bench_args(&format!("--target {target} {flags}")))
+        .await
+        .expect("bench runs")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_of_every_thread_is_counted_once() {
     let server = server().await;
-    let target = server.grpc.to_string();
-    let report = run(bench_args(&format!(
-        "--target {target} --threads 2 --connections 3 --concurrency 5 \
-         --duration 400ms --warmup 0s"
-    )))
-    .await
-    .expect("bench runs");
+    let report = bench_against(
+        &server,
+        "--threads 2 --connections 3 --concurrency 5 \
+         --duration 400ms --warmup 0s",
+    )
+    .await;
     assert_eq!(
         report.ok, 50,
         "the limit admits 50 calls in all: {report:?}"
@@ -62,13 +69,12 @@ async fn every_call_of_every_thread_is_counted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_loop_keeps_its_rate_over_several_threads() {
     let server = server().await;
-    let target = server.grpc.to_string();
-    let report = run(bench_args(&format!(
-        "--target {target} --threads 2 --connections 2 --concurrency 16 \
-         --rate 2000 --duration 1s --warmup 200ms --keys uniform:1000"
-    )))
-    .await
-    .expect("bench runs");
+    let report = bench_against(
+        &server,
+        "--threads 2 --connections 2 --concurrency 16 \
+         --rate 2000 --duration 1s --warmup 200ms --keys uniform:1000",
+    )
+    .await;
     assert!(
         (1800..=2200).contains(&report.requests),
         "2000 calls in the measured second: {report:?}"
@@ -80,14 +86,13 @@ async fn the_open_loop_keeps_its_rate_over_several_threads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_calls_are_errors_not_throughput() {
     let server = server().await;
-    let target = server.grpc.to_string();
     // An empty domain is refused with INVALID_ARGUMENT, fast, on every call.
-    let report = run(bench_args(&format!(
-        "--target {target} --threads 2 --connections 2 --concurrency 4 \
-         --duration 300ms --warmup 0s --domain="
-    )))
-    .await
-    .expect("bench runs");
+    let report = bench_against(
+        &server,
+        "--threads 2 --connections 2 --concurrency 4 \
+         --duration 300ms --warmup 0s --domain=",
+    )
+    .await;
     assert!(report.errors > 0, "{report:?}");
     assert_eq!(report.requests, report.errors, "{report:?}");
     assert_eq!(

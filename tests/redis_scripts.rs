@@ -7,7 +7,8 @@ mod support;
 
 use std::sync::Arc;
 
-use sluice::algorithm::{AlgorithmKind, Decision, Micros, Quota};
+use sluice::algorithm::token_bucket::{State, TokenBucket};
+use sluice::algorithm::{Algorithm, AlgorithmKind, Decision, Micros, Quota};
 use sluice::clock::ManualClock;
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisMode;
@@ -315,8 +316,7 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
             decide(big / 2).await.allowed,
             "{algorithm:?}: half the limit"
         );
-        let name = sluice::store::redis::script::limit_key(key, 0);
-        let stored = server.cli(&["GET", &name]);
+        let stored = stored_state(&server, key);
         assert!(
             !stored.contains('-'),
             "{algorithm:?}: stored state {stored:?} has a negative number"
@@ -336,5 +336,71 @@ trait NowValue {
 impl NowValue for ManualClock {
     fn now_value(&self) -> Micros {
         sluice::clock::Clock::now(self)
+    }
+}
+
+/// The state stored under limit 0 of `key`, as text: the token bucket's binary state
+/// ('T' and two little-endian doubles) is decoded by Redis and printed exactly.
+fn stored_state(server: &RedisServer, key: CounterKey) -> String {
+    let name = sluice::store::redis::script::limit_key(key, 0);
+    const TEXT: &str = "local raw = redis.call('GET', KEYS[1]) \
+        if #raw == 17 and string.byte(raw, 1) == 84 then \
+          local _, deficit, last = struct.unpack('<c1dd', raw) \
+          return string.format('T %.17g %.17g', deficit, last) \
+        end \
+        return raw";
+    server.cli(&["EVAL", TEXT, "1", &name])
+}
+
+/// A token-bucket state written as text by an earlier version ('t <deficit> <last>')
+/// is read as that state, not as a fresh one, and the charge writes the binary form,
+/// which reads back as the state the Rust algorithm returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_reads_the_text_states_of_earlier_versions() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let last: Micros = 1_800_000_000_000_000;
+    let quota = Quota {
+        limit: 10,
+        period: 1_000_000,
+        burst: 10,
+    };
+    let key = CounterKey(7);
+    let check = StoreCheck {
+        key,
+        limits: vec![LimitCheck {
+            algorithm: AlgorithmKind::TokenBucket,
+            quota,
+        }]
+        .into(),
+        cost: 1,
+    };
+    let name = sluice::store::redis::script::limit_key(key, 0);
+    server.cli(&["SET", &name, "t 9.25 1800000000000000"]);
+    let mut state = State {
+        deficit: 9.25,
+        last,
+    };
+    // 30 ms later 0.3 tokens are back: 9.95 after a charge, within the burst of 10; then
+    // 20 ms later a charge would make 10.75, more than the burst: refused.
+    for (round, now) in [(1, last + 30_000), (2, last + 50_000)] {
+        let (expected, next) = TokenBucket::decide(&state, now, 1, &quota);
+        let mut actual = Vec::new();
+        redis
+            .check_at(std::slice::from_ref(&check), true, now, &mut actual)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(actual, [expected], "round {round}");
+        state = next;
+        assert_eq!(actual[0].allowed, round == 1, "round {round}");
+        let stored = stored_state(&server, key);
+        let fields: Vec<&str> = stored.split_whitespace().collect();
+        assert!(
+            fields.len() == 3
+                && fields[0] == "T"
+                && fields[1].parse::<f64>() == Ok(state.deficit)
+                && fields[2].parse::<f64>() == Ok(state.last as f64),
+            "round {round}: stored {stored:?}, expected {state:?}"
+        );
     }
 }

@@ -93,7 +93,8 @@ local function int(x)
 end
 
 -- The numbers `pattern` captures in `raw` (nil for a capture that is missing or not a
--- number): a stored state is its algorithm's tag and its fields, space separated.
+-- number): a stored state is its algorithm's tag and its fields, space separated (the
+-- token bucket's is binary, see token_bucket.lua).
 local function numbers(raw, pattern)
   local a, b, c = string.match(raw, pattern)
   return tonumber(a), tonumber(b), tonumber(c)

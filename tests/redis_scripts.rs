@@ -251,8 +251,8 @@ async fn unreadable_stored_values_read_as_fresh_states() {
 /// States whose numbers pass 2^53 (costs near `u64::MAX` come from `hits_addend`) are
 /// written in a form that reads back as the same large numbers: never as a wrapped,
 /// negative count that would admit what the limit refuses. A decision's numbers past
-/// 2^62 in the memory store are past 2^62 from the script too (a reply integer is an
-/// i64, so past 2^63 the script sends the largest double below it): never 0.
+/// 2^62 in the memory store are past 2^62 from the script too (its reply carries
+/// doubles): never 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_with_numbers_past_2_pow_53_read_back_large() {
     let server = RedisServer::start();

@@ -316,13 +316,13 @@ async fn run_decisions(
     call: &Call,
 ) -> Result<Vec<Decision>, StoreError> {
     run_call(shared, node, call, |reply| {
-        script::decode(reply, call.limits)
+        script::decode(&reply, call.limits)
     })
     .await
 }
 
-/// One script call on `node` (none: no node serves its slot), its reply (integers)
-/// turned into a `T` by `decode`. A NOSCRIPT answer loads the script on that node and
+/// One script call on `node` (none: no node serves its slot), its reply turned into a
+/// `T` by `decode`. A NOSCRIPT answer loads the script on that node and
 /// runs the call again; a MOVED answer sends it once more to the node named, and an ASK
 /// answer (its slot is being migrated) sends it there after `ASKING` on the same
 /// connection. In each case it did not run, so nothing is charged twice; each step has
@@ -332,7 +332,7 @@ pub async fn run_call<T>(
     shared: &Shared,
     node: Option<Arc<Node>>,
     call: &Call,
-    decode: impl Fn(&[i64]) -> Result<T, StoreError>,
+    decode: impl Fn(Value) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let Some(node) = node else {
         shared.nodes.suspect();
@@ -360,7 +360,7 @@ pub async fn run_call<T>(
                 asking = matches!(redirect, Redirect::Ask(_));
                 redirected = true;
             }
-            other => break other.and_then(|reply| decode(&reply).map_err(Failure::Store)),
+            other => break other.and_then(|reply| decode(reply).map_err(Failure::Store)),
         }
     };
     // A redirect says where the slot is, not that the node is unwell: no breaker count.
@@ -392,7 +392,7 @@ async fn load_and_call(
     node: &Node,
     call: &Call,
     asking: bool,
-) -> Result<Vec<i64>, Failure> {
+) -> Result<Value, Failure> {
     let loaded = tokio::time::timeout(
         shared.timeout,
         node.client.script_load::<String, _>(call.script),
@@ -433,7 +433,7 @@ async fn one_call(
     node: &Node,
     call: &Call,
     asking: bool,
-) -> Result<Vec<i64>, Failure> {
+) -> Result<Value, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
     let reply = tokio::time::timeout(shared.timeout, async {
@@ -453,12 +453,7 @@ async fn one_call(
     .await;
     match reply {
         Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
-        Ok(Ok(value)) => value.convert().map_err(|e| {
-            Failure::Store(StoreError::Protocol(format!(
-                "script reply: {}",
-                e.details()
-            )))
-        }),
+        Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
         Ok(Err(error)) => match redirect_of(&error) {
             Some(redirect) => Err(Failure::Redirected(redirect)),

@@ -76,9 +76,12 @@ pub async fn run(
 }
 
 /// Turns the script's reply into a grant.
-fn decode(reply: &[i64]) -> Result<LeaseGrant, StoreError> {
+fn decode(reply: Value) -> Result<LeaseGrant, StoreError> {
+    let reply: Vec<i64> = reply
+        .convert()
+        .map_err(|e| StoreError::Protocol(format!("lease script reply: {}", e.details())))?;
     let [allowed, remaining, reset_after, retry_after, used, units, store_now, window_left] =
-        *reply
+        reply[..]
     else {
         return Err(StoreError::Protocol(format!(
             "lease script returned {} integers, not {REPLY_WIDTH}",

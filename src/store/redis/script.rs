@@ -8,7 +8,7 @@
 //! per run of consecutive checks with one rule and cost: the rule's index, the cost and
 //! the number of checks (a batch's checks mostly share both: a few arguments, not two
 //! per check, for Redis to read).
-//! The reply is five integers per limit.
+//! The reply is one string: five little-endian doubles per limit (see [`decode`]).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -44,8 +44,11 @@ pub const SCRIPT: &str = script_with_algorithms!("main.lua");
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
 pub static SHA: LazyLock<String> = LazyLock::new(|| fred::util::sha1_hash(SCRIPT));
 
-/// Integers the script returns per limit.
+/// Numbers the script returns per limit.
 const REPLY_WIDTH: usize = 5;
+
+/// Bytes of one number of the reply (a little-endian double).
+const NUMBER_BYTES: usize = 8;
 
 /// Redis key of limit `index` of the descriptor `key`: our digest is the hash tag, so
 /// every limit of a descriptor lives in one slot.
@@ -99,7 +102,7 @@ pub struct Call {
     pub script: &'static str,
     /// Hash slot of the keys (all of one call share it).
     slot: u16,
-    /// Limits decided by this call (the main script's reply has five integers per limit).
+    /// Limits decided by this call (the main script's reply has five numbers per limit).
     pub limits: usize,
 }
 
@@ -249,23 +252,34 @@ impl Run {
     }
 }
 
-/// Turns the script's reply into one decision per limit.
-pub fn decode(reply: &[i64], limits: usize) -> Result<Vec<Decision>, StoreError> {
-    if reply.len() != limits * REPLY_WIDTH {
+/// Turns the script's reply into one decision per limit. The reply is one string of
+/// five little-endian doubles per limit (allowed as 1 or 0, remaining, reset_after,
+/// retry_after, used): the numbers Lua holds, exactly, where a RESP integer per number
+/// cost Redis a conversion and the client a frame each. Each is a whole number; one
+/// past `u64::MAX` reads as `u64::MAX`, a negative or NaN one as 0 (Rust `as`).
+pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
+    let bytes = reply
+        .as_bytes()
+        .ok_or_else(|| StoreError::Protocol(format!("script reply is not a string: {reply:?}")))?;
+    if bytes.len() != limits * REPLY_WIDTH * NUMBER_BYTES {
         return Err(StoreError::Protocol(format!(
-            "script returned {} integers for {limits} limits",
-            reply.len()
+            "script returned {} bytes for {limits} limits",
+            bytes.len()
         )));
     }
-    let unsigned = |x: i64| u64::try_from(x).unwrap_or(0);
-    Ok(reply
-        .chunks_exact(REPLY_WIDTH)
+    let number = |at: &[u8]| {
+        let mut word = [0; NUMBER_BYTES];
+        word.copy_from_slice(at);
+        f64::from_le_bytes(word) as u64
+    };
+    Ok(bytes
+        .chunks_exact(REPLY_WIDTH * NUMBER_BYTES)
         .map(|r| Decision {
-            allowed: r[0] == 1,
-            remaining: unsigned(r[1]),
-            reset_after: unsigned(r[2]),
-            retry_after: unsigned(r[3]),
-            used: unsigned(r[4]),
+            allowed: number(&r[..8]) == 1,
+            remaining: number(&r[8..16]),
+            reset_after: number(&r[16..24]),
+            retry_after: number(&r[24..32]),
+            used: number(&r[32..40]),
         })
         .collect())
 }
@@ -273,6 +287,62 @@ pub fn decode(reply: &[i64], limits: usize) -> Result<Vec<Decision>, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reply of `numbers`, as the script packs it.
+    fn packed(numbers: &[f64]) -> Value {
+        let bytes: Vec<u8> = numbers.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Value::Bytes(bytes.into())
+    }
+
+    #[test]
+    fn replies_decode_to_one_decision_per_limit() {
+        let reply = packed(&[1.0, 9.0, 1.0, 0.0, 1.0, 0.0, 0.0, 2e6, 5e5, 3.0]);
+        let decisions = decode(&reply, 2).expect("two limits");
+        assert_eq!(
+            decisions,
+            [
+                Decision {
+                    allowed: true,
+                    remaining: 9,
+                    reset_after: 1,
+                    retry_after: 0,
+                    used: 1,
+                },
+                Decision {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after: 2_000_000,
+                    retry_after: 500_000,
+                    used: 3,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn numbers_past_u64_read_as_its_largest_and_nan_as_zero() {
+        let reply = packed(&[1.0, 2f64.powi(70), f64::NAN, -4.0, 2f64.powi(60)]);
+        let [decision] = decode(&reply, 1).expect("one limit")[..] else {
+            panic!("one decision");
+        };
+        assert_eq!(decision.remaining, u64::MAX);
+        assert_eq!((decision.reset_after, decision.retry_after), (0, 0));
+        assert_eq!(decision.used, 1 << 60);
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_size_or_type_is_a_protocol_error() {
+        for (reply, limits) in [
+            (packed(&[1.0; 5]), 2),
+            (packed(&[1.0; 6]), 1),
+            (Value::Array(vec![Value::Integer(1); 5]), 1),
+        ] {
+            assert!(matches!(
+                decode(&reply, limits),
+                Err(StoreError::Protocol(_))
+            ));
+        }
+    }
 
     #[test]
     fn keys_built_in_a_shared_buffer_equal_the_formatted_ones() {

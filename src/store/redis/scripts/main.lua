@@ -8,8 +8,10 @@
 --   then per run of consecutive checks with the same rule and cost: the rule (1-based
 --   index into those rules), the cost, and the number of checks in the run.
 -- Checks are decided in order against a per-call state cache; nothing is written
--- until every check is decided. Returns 5 integers per limit:
---   allowed (1/0), remaining, reset_after, retry_after, used.
+-- until every check is decided. Returns one string: 5 little-endian doubles per limit,
+--   allowed (1/0), remaining, reset_after, retry_after, used
+-- (every number a decision holds is a double already; one string costs Redis and the
+-- client far less than a RESP integer per number).
 local now
 local ttl_extra = 0
 if ARGV[1] ~= '' then
@@ -122,11 +124,6 @@ for c = a, #ARGV, 3 do
       if not allowed then all_allowed = false end
       -- A committed decision over an expired state drops it, as the memory store does.
       if changed or expired then nexts[i] = next else nexts[i] = false end
-      -- All four are ≥ 0: one test for the rare number past what a reply can carry.
-      if remaining + reset + retry + used > REPLY_MAX then
-        remaining, reset, retry, used =
-          reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used)
-      end
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
         allowed and 1 or 0, remaining, reset, retry, used
       o = o + 5
@@ -163,4 +160,4 @@ for slot = 1, slots do
     end
   end
 end
-return out
+return pack_doubles(out, o)

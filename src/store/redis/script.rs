@@ -260,7 +260,7 @@ impl Run {
 pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
     let bytes = reply
         .as_bytes()
-        .ok_or_else(|| StoreError::Protocol(format!("script reply is not a string: {reply:?}")))?;
+        .ok_or_else(|| StoreError::Protocol("script reply is not a string".into()))?;
     if bytes.len() != limits * REPLY_WIDTH * NUMBER_BYTES {
         return Err(StoreError::Protocol(format!(
             "script returned {} bytes for {limits} limits",

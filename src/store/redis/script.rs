@@ -255,7 +255,7 @@ impl Run {
 /// Turns the script's reply into one decision per limit. The reply is one string of
 /// five little-endian doubles per limit (allowed as 1 or 0, remaining, reset_after,
 /// retry_after, used): the numbers Lua holds, exactly, where a RESP integer per number
-/// cost Redis a conversion and the client a frame each. Each is a whole number; one
+/// cost the client a frame each. Each is a whole number; one
 /// past `u64::MAX` reads as `u64::MAX`, a negative or NaN one as 0 (Rust `as`).
 pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
     let bytes = reply

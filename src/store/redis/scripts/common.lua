@@ -61,25 +61,6 @@ local function reply_int(x)
   return x
 end
 
--- The first `n` numbers of `list` as little-endian doubles, in one string. struct.pack
--- takes them as arguments: a few hundred per call of it stay far within Lua's C stack.
-local PACK_RUN = 200
-local function pack_doubles(list, n)
-  local parts, formats = {}, {}
-  for first = 1, n, PACK_RUN do
-    local last = first + PACK_RUN - 1
-    if last > n then last = n end
-    local count = last - first + 1
-    local format = formats[count]
-    if format == nil then
-      format = '<' .. string.rep('d', count)
-      formats[count] = format
-    end
-    parts[#parts + 1] = struct.pack(format, unpack(list, first, last))
-  end
-  return table.concat(parts)
-end
-
 -- Decision.invalid_quota, as the five values a decision is made of (see `decide` below).
 local function invalid_quota(cost, q)
   local retry = q.period

@@ -255,8 +255,8 @@ impl Run {
 /// Turns the script's reply into one decision per limit. The reply is one string of
 /// five little-endian doubles per limit (allowed as 1 or 0, remaining, reset_after,
 /// retry_after, used): the numbers Lua holds, exactly, where a RESP integer per number
-/// cost the client a frame each. Each is a whole number; one
-/// past `u64::MAX` reads as `u64::MAX`, a negative or NaN one as 0 (Rust `as`).
+/// cost the client a frame each. Each is a whole number; one past `u64::MAX` reads as
+/// `u64::MAX`, a negative or NaN one as 0 (Rust `as`).
 pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
     let bytes = reply
         .as_bytes()
@@ -267,19 +267,22 @@ pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError>
             bytes.len()
         )));
     }
-    let number = |at: &[u8]| {
-        let mut word = [0; NUMBER_BYTES];
-        word.copy_from_slice(at);
-        f64::from_le_bytes(word) as u64
-    };
     Ok(bytes
         .chunks_exact(REPLY_WIDTH * NUMBER_BYTES)
-        .map(|r| Decision {
-            allowed: number(&r[..8]) == 1,
-            remaining: number(&r[8..16]),
-            reset_after: number(&r[16..24]),
-            retry_after: number(&r[24..32]),
-            used: number(&r[32..40]),
+        .map(|limit| {
+            // Number `i` of this limit's five.
+            let number = |i: usize| {
+                let mut word = [0; NUMBER_BYTES];
+                word.copy_from_slice(&limit[i * NUMBER_BYTES..(i + 1) * NUMBER_BYTES]);
+                f64::from_le_bytes(word) as u64
+            };
+            Decision {
+                allowed: number(0) == 1,
+                remaining: number(1),
+                reset_after: number(2),
+                retry_after: number(3),
+                used: number(4),
+            }
         })
         .collect())
 }

@@ -186,7 +186,7 @@ async fn unreadable_stored_values_read_as_fresh_states() {
     let server = RedisServer::start();
     let redis = connected_store(RedisMode::Standalone, server.url()).await;
     let now: Micros = 1_800_000_000_000_000;
-    let stored: [&[&str]; 8] = [
+    let stored: [&[&str]; 14] = [
         // Another algorithm's valid state (each is read by one algorithm only).
         &["SET", "f 1800000000000000 3"],
         &["SET", "t 4.5 1800000000000000"],
@@ -196,6 +196,14 @@ async fn unreadable_stored_values_read_as_fresh_states() {
         &["SET", "t 1 2 3"],
         &["SET", "12"],
         &["RPUSH", "a", "b"],
+        // Numbers no state holds (each in an algorithm's own form): not a number at
+        // all, infinite, negative; sliding-log members that are not "at:units".
+        &["SET", "t nan 5"],
+        &["SET", "f inf 3"],
+        &["SET", "g -5 0"],
+        &["SET", "w 1 -2 3"],
+        &["ZADD", "1", "garbage"],
+        &["ZADD", "1", "5:-1"],
     ];
     let mut case = 0u128;
     for algorithm in KINDS {
@@ -326,6 +334,70 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
             !over.allowed,
             "{algorithm:?}: three quarters more: {over:?}"
         );
+    }
+}
+
+/// Numbers past u64::MAX in a stored state (damaged, or a time a huge cost pushed past
+/// it) read as u64::MAX, where the memory store's u64 fields saturate, and no write asks
+/// Redis for a TTL it refuses: before, `f 1e300 3` failed the whole script call, and with
+/// it every check batched beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_numbers_past_u64_max_fail_no_call() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let now: Micros = 1_800_000_000_000_000;
+    let quota = Quota {
+        limit: 5,
+        period: 1_000_000,
+        burst: 5,
+    };
+    let huge_member = "99999999999999999999999999999999999999999999:1";
+    let cases: [(AlgorithmKind, &[&str]); 6] = [
+        (AlgorithmKind::FixedWindow, &["SET", "f 1e300 3"]),
+        (AlgorithmKind::SlidingWindow, &["SET", "w 1e300 1 1"]),
+        (AlgorithmKind::TokenBucket, &["SET", "t 1 1e300"]),
+        // The binary form: a deficit of ~4.7e-38, a last refill at ~1e194 µs.
+        (AlgorithmKind::TokenBucket, &["SET", "T12345678abcdefgh"]),
+        (AlgorithmKind::Gcra, &["SET", "g 1e300 0"]),
+        (AlgorithmKind::SlidingLog, &["ZADD", "1", huge_member]),
+    ];
+    for (case, (algorithm, command)) in cases.into_iter().enumerate() {
+        let damaged = CounterKey(20_000 + 2 * case as u128);
+        let clean = CounterKey(20_001 + 2 * case as u128);
+        let check = |key| StoreCheck {
+            key,
+            limits: vec![LimitCheck { algorithm, quota }].into(),
+            cost: 2,
+        };
+        let name = sluice::store::redis::script::limit_key(damaged, 0);
+        let mut args = vec![command[0], name.as_str()];
+        args.extend_from_slice(&command[1..]);
+        server.cli(&args);
+        let memory = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
+        for round in ["first", "second"] {
+            let (mut expected, mut actual) = (Vec::new(), Vec::new());
+            memory
+                .check(&[check(clean)], &mut expected)
+                .await
+                .expect("memory");
+            // One call: the damaged key's check and a clean key's.
+            redis
+                .check_at(&[check(damaged), check(clean)], true, now, &mut actual)
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm:?} over {command:?}, {round}: {e}"));
+            assert_eq!(
+                actual[1], expected[0],
+                "{algorithm:?} over {command:?}, {round}: the clean key's decision"
+            );
+            // Read as saturated, not as fresh: the refill is as far off as u64::MAX is.
+            if command[1] == "t 1 1e300" {
+                assert!(
+                    actual[0].reset_after >= 1 << 62,
+                    "t 1 1e300, {round}: {:?}",
+                    actual[0]
+                );
+            }
+        }
     }
 }
 

@@ -23,6 +23,8 @@ local function idiv(a, b)
 end
 
 -- Smallest d with pass(d), for a monotone predicate (src/algorithm/mod.rs `earliest`).
+-- Exact below 2^53; past it (times of a damaged state, or a huge cost) lo + 1 == lo in
+-- doubles, and the bisection stops at a d that passes rather than spin forever.
 local function earliest(guess, pass)
   local lo, hi, step = 0, guess, 1
   while not pass(hi) do
@@ -44,6 +46,7 @@ local function earliest(guess, pass)
     end
   end
   while lo < hi do
+    if lo >= TWO53 then return hi end
     local mid = lo + floor((hi - lo) / 2)
     if pass(mid) then hi = mid else lo = mid + 1 end
   end
@@ -92,12 +95,25 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- The numbers `pattern` captures in `raw` (nil for a capture that is missing or not a
--- number): a stored state is its algorithm's tag and its fields, space separated (the
--- token bucket's is binary, see token_bucket.lua).
+-- 2^64, the double u64::MAX rounds to: the memory store's u64 fields saturate there.
+local U64_END = 18446744073709551616
+
+-- `x` as a field of a stored state: nil when no state holds it (NaN, negative, infinite:
+-- the value is damaged or not ours, and reads as fresh), else at most 2^64, as the
+-- memory store's u64 fields saturate (a state written with a larger number, or damaged,
+-- still decides as over the limit).
+local function field(x)
+  if not (x and x >= 0 and x < math.huge) then return nil end
+  if x > U64_END then return U64_END end
+  return x
+end
+
+-- The numbers `pattern` captures in `raw` (nil for a capture that is missing, not a
+-- number, or not a number a state holds): a stored state is its algorithm's tag and its
+-- fields, space separated (the token bucket's is binary, see token_bucket.lua).
 local function numbers(raw, pattern)
   local a, b, c = string.match(raw, pattern)
-  return tonumber(a), tonumber(b), tonumber(c)
+  return field(tonumber(a)), field(tonumber(b)), field(tonumber(c))
 end
 
 -- Every algorithm has fresh (a new empty state), decide and expires_at; one with a

@@ -148,7 +148,10 @@ for slot = 1, slots do
   if q then
     local key, state = slot_key[slot], slot_state[slot]
     local algo = ALGOS[slot_kind[slot]]
+    -- At most 2^64 µs, where the memory store's u64 expiry saturates: a time past it
+    -- (a huge cost, a damaged state) gave a TTL Redis refuses, failing the whole call.
     local expires = algo.expires_at(state, q)
+    if expires > U64_END then expires = U64_END end
     if expires <= now then
       redis.call('DEL', key)
     else

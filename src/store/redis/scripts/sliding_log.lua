@@ -7,14 +7,17 @@ end
 ALGOS[3] = {
   tag = 'l',
   fresh = function() return { runs = {} } end,
-  -- Reads the whole log; a key of another type reads as fresh (foreign = true).
+  -- Reads the whole log; a key of another type, or a log with a member that is not
+  -- "at:units", reads as fresh (foreign = true: rewritten).
   load = function(key)
     local raw = redis.pcall('ZRANGE', key, 0, -1)
+    if type(raw) ~= 'table' or raw.err then return { runs = {} }, true end
     local runs = {}
-    if type(raw) ~= 'table' or raw.err then return { runs = runs }, true end
     for i, member in ipairs(raw) do
       local at, units = string.match(member, '^(%d+):(%d+)$')
-      runs[i] = { at = tonumber(at), units = tonumber(units) }
+      at, units = field(tonumber(at)), field(tonumber(units))
+      if not (at and units) then return { runs = {} }, true end
+      runs[i] = { at = at, units = units }
     end
     return { runs = runs }, false
   end,

@@ -44,6 +44,7 @@ ALGOS[4] = {
     if #raw == 17 and string.byte(raw, 1) == 84 then -- 'T'
       local _
       _, deficit, last = struct.unpack('<c1dd', raw)
+      deficit, last = field(deficit), field(last)
     else
       deficit, last = numbers(raw, '^t (%S+) (%S+)$')
     end

@@ -178,6 +178,50 @@ async fn one_call_decides_many_checks_in_order() {
     }
 }
 
+/// A call with more keys than one MGET reads (the script reads them in runs of 1 000):
+/// every key's stored state is read, the repeated ones in order, as the memory store
+/// decides them one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_thousands_of_keys_reads_every_state() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let mut rng = Rng(4242);
+    let now: Micros = 1_800_000_000_000_000;
+    let memory = MemoryStore::new(1_000_000, Arc::new(ManualClock::new(now)));
+    let quota = Quota {
+        limit: 3,
+        period: 60_000_000,
+        burst: 3,
+    };
+    let check = |key: u128, algorithm| StoreCheck {
+        key: CounterKey(50_000 + key),
+        limits: vec![LimitCheck { algorithm, quota }].into(),
+        cost: 1,
+    };
+    let algorithm_of = |key: u128| KINDS[(key % 5) as usize];
+    // Round 1 stores a state under each of 1 200 keys; round 2 reads them back in an
+    // order of 2 500 checks, keys repeated, so over the limit of 3 for some.
+    let first: Vec<StoreCheck> = (0..1_200).map(|k| check(k, algorithm_of(k))).collect();
+    let second: Vec<StoreCheck> = (0..2_500)
+        .map(|_| {
+            let k = u128::from(rng.below(1_200));
+            check(k, algorithm_of(k))
+        })
+        .collect();
+    for (round, checks) in [(1, &first), (2, &second)] {
+        let (mut expected, mut actual) = (Vec::new(), Vec::new());
+        memory.check(checks, &mut expected).await.expect("memory");
+        redis
+            .check_at(checks, true, now, &mut actual)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(expected, actual, "round {round}");
+        if round == 2 {
+            assert!(actual.iter().any(|d| !d.allowed), "some keys went over");
+        }
+    }
+}
+
 /// A key holding what its algorithm cannot read (another algorithm's state, a malformed
 /// or non-numeric string, another Redis type) is decided as a fresh state, never as a
 /// script error, and the check's charge replaces it.

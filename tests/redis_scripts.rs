@@ -275,10 +275,7 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                 .into(),
                 cost: 2,
             };
-            let name = sluice::store::redis::script::limit_key(key, 0);
-            let mut args = vec![command[0], name.as_str()];
-            args.extend_from_slice(&command[1..]);
-            server.cli(&args);
+            store_raw(&server, key, command);
             let fresh = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
             // The first check reads the value as fresh; the second sees the first's charge.
             for round in ["first", "second"] {
@@ -413,10 +410,7 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
             limits: vec![LimitCheck { algorithm, quota }].into(),
             cost: 2,
         };
-        let name = sluice::store::redis::script::limit_key(damaged, 0);
-        let mut args = vec![command[0], name.as_str()];
-        args.extend_from_slice(&command[1..]);
-        server.cli(&args);
+        store_raw(&server, damaged, command);
         let memory = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
         for round in ["first", "second"] {
             let (mut expected, mut actual) = (Vec::new(), Vec::new());
@@ -443,6 +437,15 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
             }
         }
     }
+}
+
+/// Runs `command` (a Redis command and its arguments, the key left out) on limit 0 of
+/// `key`: a value of our own choosing where the script will look.
+fn store_raw(server: &RedisServer, key: CounterKey, command: &[&str]) {
+    let name = sluice::store::redis::script::limit_key(key, 0);
+    let mut args = vec![command[0], name.as_str()];
+    args.extend_from_slice(&command[1..]);
+    server.cli(&args);
 }
 
 trait NowValue {

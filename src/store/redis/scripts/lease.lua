@@ -129,7 +129,9 @@ if units > 0 and d[1] == 1 then
 end
 
 if dirty then
+  -- At most 2^64 µs, as in main.lua: a TTL Redis accepts.
   local expires = algo.expires_at(state, q)
+  if expires > U64_END then expires = U64_END end
   if expires <= now then
     redis.call('DEL', key)
   else

@@ -131,3 +131,32 @@ local function has_expired(algo, state, now, q)
   if algo.expired then return algo.expired(state, now, q) end
   return algo.expires_at(state, q) <= now
 end
+
+-- The script's clock and how much longer its TTLs are: `injected` µs when not '' (tests
+-- inject a clock; its time is not Redis's, so TTLs get an hour more), else Redis TIME.
+local function script_clock(injected)
+  if injected ~= '' then return tonumber(injected), 3600000 end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+end
+
+-- Writes `state`, decided under `q`, to `key` with a TTL to its expiry (plus
+-- `ttl_extra` ms), or deletes the key when the state has expired at `now`. The expiry is
+-- at most 2^64 µs, where the memory store's u64 expiry saturates: a time past it (a huge
+-- cost, a damaged state) gave a TTL Redis refuses, failing the whole call. An algorithm
+-- that stores itself gets its state as loaded (`orig`) and whether Redis held another
+-- type there (`foreign`).
+local function write_state(key, algo, state, q, now, ttl_extra, orig, foreign)
+  local expires = algo.expires_at(state, q)
+  if expires > U64_END then expires = U64_END end
+  if expires <= now then
+    redis.call('DEL', key)
+    return
+  end
+  local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
+  if algo.store then
+    algo.store(key, orig, foreign, state, ttl_ms)
+  else
+    redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
+  end
+end

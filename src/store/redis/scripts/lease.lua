@@ -16,15 +16,7 @@
 -- Returns 8 integers: the request's decision (allowed, remaining, reset_after,
 -- retry_after, used), units granted, the store's now, and µs left in the current
 -- window (fixed and sliding window; 0 for the others).
-local now
-local ttl_extra = 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  ttl_extra = 3600000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now, ttl_extra = script_clock(ARGV[1])
 local key = KEYS[1]
 local kind = tonumber(ARGV[2])
 local q = { limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]),
@@ -128,17 +120,8 @@ if units > 0 and d[1] == 1 then
   end
 end
 
-if dirty then
-  -- At most 2^64 µs, as in main.lua: a TTL Redis accepts.
-  local expires = algo.expires_at(state, q)
-  if expires > U64_END then expires = U64_END end
-  if expires <= now then
-    redis.call('DEL', key)
-  else
-    local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
-    redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
-  end
-end
+-- No leasing algorithm stores itself (the sliding log cannot lease).
+if dirty then write_state(key, algo, state, q, now, ttl_extra) end
 
 local window_left = 0
 if kind == 1 or kind == 2 then window_left = q.period - fmod(now, q.period) end

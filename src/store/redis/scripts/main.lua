@@ -12,15 +12,7 @@
 --   allowed (1/0), remaining, reset_after, retry_after, used
 -- (every number a decision holds is a double already; one string spares the client a
 -- RESP frame per number, and costs Redis no more than the integers did).
-local now
-local ttl_extra = 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  ttl_extra = 3600000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now, ttl_extra = script_clock(ARGV[1])
 local commit = ARGV[2] == '1'
 
 -- Every distinct key of this call has a slot, numbered in first-seen order; per slot:
@@ -158,22 +150,8 @@ end
 for slot = 1, slots do
   local q = slot_quota[slot]
   if q then
-    local key, state = slot_key[slot], slot_state[slot]
-    local algo = ALGOS[slot_kind[slot]]
-    -- At most 2^64 µs, where the memory store's u64 expiry saturates: a time past it
-    -- (a huge cost, a damaged state) gave a TTL Redis refuses, failing the whole call.
-    local expires = algo.expires_at(state, q)
-    if expires > U64_END then expires = U64_END end
-    if expires <= now then
-      redis.call('DEL', key)
-    else
-      local ttl_ms = ceil((expires - now) / 1000) + ttl_extra
-      if algo.store then
-        algo.store(key, slot_orig[slot], slot_foreign[slot], state, ttl_ms)
-      else
-        redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
-      end
-    end
+    write_state(slot_key[slot], ALGOS[slot_kind[slot]], slot_state[slot], q, now,
+      ttl_extra, slot_orig[slot], slot_foreign[slot])
   end
 end
 return table.concat(out)

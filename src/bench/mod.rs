@@ -354,8 +354,8 @@ impl Share {
 
 /// One load thread's tally, shared by its workers (all on that thread's runtime, so the
 /// lock is never contended). One per worker cost each call a cache miss at high
-/// concurrency: two 150 KB histograms per worker, 300 MB at 1 024 in flight, put the
-/// load generator's cost per call up by ~40 % from 128 to 1 024 workers.
+/// concurrency: two 150 KB histograms per worker, 300 MB at 1 024 in flight; sharing
+/// took the load generator's CPU per call there from 10.1 to 9.5 µs.
 type SharedTally = Arc<Mutex<Tally>>;
 
 /// What `tally` has counted, once its workers are done.

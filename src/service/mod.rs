@@ -166,9 +166,13 @@ impl<S: Store> RateLimitService for GrpcService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let timeout = request::grpc_timeout(request.metadata());
+        // Only the deadline is read from the headers: they and the extensions are freed
+        // before the call waits on its store, not held across a Redis round trip.
+        let (metadata, extensions, message) = request.into_parts();
+        let timeout = request::grpc_timeout(&metadata);
+        drop((metadata, extensions));
         self.0
-            .should_rate_limit_within(request.get_ref(), timeout)
+            .should_rate_limit_within(&message, timeout)
             .await
             .map(Response::new)
             .map_err(Status::from)

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::fallback::{self, Fallback};
+use super::precheck::Before;
 use super::{lease, Limiter, LimiterError, Pending, Verdict};
 use crate::algorithm::{Decision, Micros};
 use crate::rules::FailureMode;
@@ -46,10 +47,11 @@ pub(super) enum HotKeyLayer {
 
 impl<S: Store> Limiter<S> {
     /// Which hot-key layer of a shared store answers `item`, if any: its lease (the
-    /// units to lease), or a pre-check refusal.
+    /// units to lease), or a pre-check refusal. Marks `item` for a pre-check charge when
+    /// its key is hot and the store is to decide it.
     pub(super) fn hot_key_layer(
         &self,
-        item: &Pending<'_>,
+        item: &mut Pending<'_>,
         check: &StoreCheck,
         now: Micros,
     ) -> Option<HotKeyLayer> {
@@ -68,12 +70,20 @@ impl<S: Store> Limiter<S> {
         if !self.precheck_on || item.rule.shadow_mode {
             return None;
         }
-        self.precheck
-            .refuses(check.key, &check.limits, check.cost, now)
-            .map(|(limit_index, decision)| HotKeyLayer::Refused {
+        match self
+            .precheck
+            .before(check.key, &check.limits, check.cost, now)
+        {
+            Before::Cold => None,
+            Before::Hot => {
+                item.precheck_charge = true;
+                None
+            }
+            Before::Refused(limit_index, decision) => Some(HotKeyLayer::Refused {
                 limit_index,
                 decision,
-            })
+            }),
+        }
     }
 
     /// Decides a check of a leased rule: from this instance's lease if it has the

@@ -147,6 +147,8 @@ struct Pending<'r> {
     stats_label: Arc<str>,
     /// Hits the request asks for (statistics count these even when not charged).
     hits: u64,
+    /// The pre-check called the key hot before the store call: charge its answer.
+    precheck_charge: bool,
 }
 
 // === impl Limiter ===
@@ -264,6 +266,7 @@ impl<S: Store> Limiter<S> {
                 rule: matched.rule,
                 stats_label,
                 hits,
+                precheck_charge: false,
             });
         }
 
@@ -274,7 +277,7 @@ impl<S: Store> Limiter<S> {
         // Filtered in place (order kept), so no second pair of vectors is allocated.
         let mut position = 0;
         while position < pending.len() {
-            let item: &Pending<'r> = &pending[position];
+            let item: &mut Pending<'r> = &mut pending[position];
             let check = &checks[position];
             let is_replaced = item
                 .rule
@@ -449,7 +452,7 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
-        if self.precheck_on && !item.rule.shadow_mode {
+        if item.precheck_charge {
             self.precheck
                 .charge(check.key, &check.limits, check.cost, now, decisions);
         }

@@ -66,6 +66,18 @@ enum Local {
     },
 }
 
+/// The pre-check's word on one check, before the store call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Before {
+    /// The key is not hot: nothing looked up, and the store's answer is not charged.
+    Cold,
+    /// The key is hot and nothing refuses: charge the store's answer ([`Precheck::charge`]).
+    Hot,
+    /// This instance alone has used up a limit: the refusing limit's index and the
+    /// refusal to answer.
+    Refused(usize, Decision),
+}
+
 /// One hot key: one local view per limit, in rule order.
 type Entry = Arc<Mutex<Vec<Local>>>;
 
@@ -86,25 +98,26 @@ impl Precheck {
         }
     }
 
-    /// If this instance alone has used up one of the limits, the refusing limit's index
-    /// and the refusal to answer at `now`.
-    pub fn refuses(
+    /// Counts a check of `counter` at `now` and says whether this instance alone has
+    /// used up one of its limits ([`Before::Refused`]), or else whether the store's
+    /// answer is to be charged ([`Before::Hot`]).
+    pub fn before(
         &self,
         counter: CounterKey,
         limits: &[LimitCheck],
         cost: u64,
         now: Micros,
-    ) -> Option<(usize, Decision)> {
+    ) -> Before {
         // Only hot keys have entries worth a cache lookup (an entry of a key gone cold
         // is skipped, and not charged either: a subset of charges is always sound).
         if cost == 0 || !self.meters.hot(counter, now) {
-            return None;
+            return Before::Cold;
         }
         let key = (counter, fingerprint(limits));
         let Some(entry) = self.cache.get(&key) else {
             let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
             self.cache.insert(key, Arc::new(Mutex::new(views)));
-            return None;
+            return Before::Hot;
         };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
         for (index, (view, limit)) in views.iter().zip(limits).enumerate() {
@@ -125,10 +138,10 @@ impl Precheck {
                 }
             };
             if let Some(decision) = refusal {
-                return Some((index, decision));
+                return Before::Refused(index, decision);
             }
         }
-        None
+        Before::Hot
     }
 
     /// Counts a check of `counter` at `now` that was answered before reaching the
@@ -139,7 +152,9 @@ impl Precheck {
     }
 
     /// Charges `cost`, which the store admitted on every limit (`decisions`, one per
-    /// limit) for a call sent at `sent`.
+    /// limit), for a call sent at `sent` of a key that [`Self::before`] called hot then
+    /// (the meters are not read again: hotness as of the send, a subset of the charges
+    /// a later reading would allow, is sound, and spares two cache misses per call).
     pub fn charge(
         &self,
         counter: CounterKey,
@@ -148,11 +163,7 @@ impl Precheck {
         sent: Micros,
         decisions: &[Decision],
     ) {
-        if cost == 0
-            || decisions.len() != limits.len()
-            || decisions.iter().any(|d| !d.allowed)
-            || !self.meters.is_hot(counter, sent)
-        {
+        if cost == 0 || decisions.len() != limits.len() || decisions.iter().any(|d| !d.allowed) {
             return;
         }
         let Some(entry) = self.cache.get(&(counter, fingerprint(limits))) else {

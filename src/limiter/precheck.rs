@@ -6,9 +6,9 @@
 //! Only for stores shared with other instances: with the memory store the store *is*
 //! local memory. Which keys: a key is hot once this instance sees [`MIN_RATE`] checks
 //! of it within a second (allocation-free [`Meters`], which count every check, the ones
-//! the blocked-until cache answers included); while it is hot its admitted units are
-//! charged locally (starting from nothing, which is sound: a subset of the store's
-//! charges), and a key that is not hot is not even looked up. Hot keys live in a
+//! the blocked-until cache answers included); the admitted units of calls sent while it
+//! is hot are charged locally (starting from nothing, which is sound: a subset of the
+//! store's charges), and a key that is not hot is not even looked up. Hot keys live in a
 //! bounded moka cache ([`DEFAULT_CAPACITY`] keys) whose TinyLFU admission keeps the most
 //! used ones when it is full.
 //!

@@ -154,7 +154,7 @@ impl Precheck {
     /// Charges `cost`, which the store admitted on every limit (`decisions`, one per
     /// limit), for a call sent at `sent` of a key that [`Self::before`] called hot then
     /// (the meters are not read again: hotness as of the send, a subset of the charges
-    /// a later reading would allow, is sound, and spares two cache misses per call).
+    /// a later reading would allow, is sound, and spares a cache miss per call).
     pub fn charge(
         &self,
         counter: CounterKey,

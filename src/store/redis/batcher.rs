@@ -436,28 +436,29 @@ async fn one_call(
 ) -> Result<Value, Failure> {
     // No typed EVALSHA with raw arguments: send it as a custom command.
     let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
+    let attempt = async {
+        if asking {
+            // Boxed: the rare path does not grow every call's future.
+            return Box::pin(call_asking(node, command, call)).await;
+        }
+        node.client
+            .custom::<Value, _>(command, call.args.clone())
+            .await
+    };
     let reply = if node.client.is_connected() && !asking {
         // Nearly every call: fred's command timeout (`--redis-timeout`, see `client`)
         // bounds it. A timer of our own for the same deadline cost tokio one more
         // driver wakeup (an eventfd write) per batch: three timers were three writes.
-        Ok(node
-            .client
-            .custom::<Value, _>(command, call.args.clone())
-            .await)
+        Ok(attempt.await)
     } else {
-        // Boxed: the rare path does not grow every call's future.
+        // Boxed, as rare. A node's client made a moment ago (a new primary, a redirect)
+        // may still be connecting: wait for the connection, and the call, within one
+        // deadline.
         Box::pin(tokio::time::timeout(shared.timeout, async {
-            // A node's client made a moment ago (a new primary, a redirect) may still be
-            // connecting: wait for the connection, and the call, within one deadline.
             if !node.client.is_connected() {
                 let _ = node.client.wait_for_connect().await;
             }
-            if asking {
-                return call_asking(node, command, call).await;
-            }
-            node.client
-                .custom::<Value, _>(command, call.args.clone())
-                .await
+            attempt.await
         }))
         .await
     };

@@ -140,6 +140,10 @@ local function script_clock(injected)
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
 end
 
+-- TTLs already formatted in this call, by number of milliseconds (one per distinct TTL;
+-- the script's locals live for one call).
+local ttl_texts = {}
+
 -- Writes `state`, decided under `q`, to `key` with a TTL to its expiry (plus
 -- `ttl_extra` ms), or deletes the key when the state has expired at `now`. The expiry is
 -- at most 2^64 µs, where the memory store's u64 expiry saturates: a time past it (a huge
@@ -157,6 +161,12 @@ local function write_state(key, algo, state, q, now, ttl_extra, orig, foreign)
   if algo.store then
     algo.store(key, orig, foreign, state, ttl_ms)
   else
-    redis.call('SET', key, algo.encode(state), 'PX', int(ttl_ms))
+    -- A call's states mostly share a few TTLs: each is formatted once.
+    local text = ttl_texts[ttl_ms]
+    if text == nil then
+      text = int(ttl_ms)
+      ttl_texts[ttl_ms] = text
+    end
+    redis.call('SET', key, algo.encode(state), 'PX', text)
   end
 end

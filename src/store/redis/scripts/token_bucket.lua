@@ -25,12 +25,24 @@ end
 -- Smallest d at which the deficit of `s` is gone at `from + d`: earliest() from the
 -- guess for `tokens`, with its first two probes (the guess, then one less) made inline
 -- first, since the guess is nearly always the answer; a closure only when it is not.
--- Same probes, same order: the same answer as earliest() alone.
+-- Same probes, same order: the same answer as earliest() alone. Every check comes here,
+-- so tb_guess and tb_deficit_at are written out on numbers (a Lua call costs about as
+-- much as the arithmetic it wraps): the same operations in the same order.
 local function tb_drained_after(s, from, tokens, q)
-  local guess = tb_guess(s, from, tokens, q)
-  if tb_deficit_at(s, from + guess, q) <= 0
-      and (guess == 0 or tb_deficit_at(s, from + guess - 1, q) > 0) then
-    return guess
+  local limit, period, deficit, last = q.limit, q.period, s.deficit, s.last
+  local skew = last - from
+  if not (last > from) then skew = 0 end
+  -- to_u64(ceil(x)): ceil's result is whole already.
+  local wait = ceil(tokens * period / limit)
+  if wait ~= wait or wait <= 0 then wait = 0 end
+  local guess = skew + wait
+  local elapsed = (from + guess) - last
+  if not (elapsed > 0) then elapsed = 0 end
+  if deficit - elapsed * limit / period <= 0 then
+    if guess == 0 then return guess end
+    elapsed = (from + guess - 1) - last
+    if not (elapsed > 0) then elapsed = 0 end
+    if deficit - elapsed * limit / period > 0 then return guess end
   end
   return earliest(guess, function(d)
     return tb_deficit_at(s, from + d, q) <= 0
@@ -52,12 +64,17 @@ ALGOS[4] = {
   end,
   encode = function(s) return struct.pack('<c1dd', 'T', s.deficit, s.last) end,
   decide = function(s, now, cost, q)
-    local deficit = tb_deficit_at(s, now, q)
-    local allowed = tb_fits(deficit, cost, q)
+    -- tb_deficit_at(s, now, q) and tb_fits, written out (see tb_drained_after).
+    local s_last = s.last
+    local elapsed = now - s_last
+    if not (elapsed > 0) then elapsed = 0 end
+    local deficit = s.deficit - elapsed * q.limit / q.period
+    if deficit < 0 then deficit = 0 end
+    local allowed = deficit + cost <= q.burst
     local next, changed = s, false
     if allowed and cost > 0 then
       local last = now
-      if s.last > last then last = s.last end
+      if s_last > last then last = s_last end
       -- Every field it may get, set now: a field added later grows the table.
       next, changed = { deficit = deficit + cost, last = last, expires = false, expires_q = false },
         true
@@ -81,20 +98,26 @@ ALGOS[4] = {
     -- A charged state dated now expires after exactly reset_after: expires_at() would
     -- make the same call again when the state is written, so it reads this instead.
     if changed and next.last == now then next.expires, next.expires_q = now + reset_after, q end
+    -- to_u64(floor(x)) and to_u64(ceil(x)): both results are whole already.
     local remaining = 0
-    if allowed then remaining = to_u64(floor(q.burst - deficit_after)) end
-    return allowed, remaining, reset_after, retry, to_u64(ceil(deficit + cost)), next, changed
+    if allowed then
+      remaining = floor(q.burst - deficit_after)
+      if remaining ~= remaining or remaining <= 0 then remaining = 0 end
+    end
+    local used = ceil(deficit + cost)
+    if used ~= used or used <= 0 then used = 0 end
+    return allowed, remaining, reset_after, retry, used, next, changed
   end,
   expires_at = function(s, q)
     if s.expires_q == q then return s.expires end
-    if is_invalid(q) or s.deficit <= 0 then return s.last end
+    if s.deficit <= 0 or is_invalid(q) then return s.last end
     return s.last + tb_drained_after(s, s.last, s.deficit, q)
   end,
   -- expires_at(s, q) <= now, without working out when: the deficit drains at the first
   -- instant its remainder is 0, and the remainder only falls with time, so that instant
   -- is past exactly when the remainder at `now` is 0 (half the cost of expires_at here).
   expired = function(s, now, q)
-    if is_invalid(q) or s.deficit <= 0 then return s.last <= now end
+    if s.deficit <= 0 or is_invalid(q) then return s.last <= now end
     if now < s.last then return false end
     return tb_deficit_at(s, now, q) <= 0
   end,

@@ -128,7 +128,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_REDIS_BATCH_WINDOW", value_parser = humantime::parse_duration, default_value = "0s")]
     pub redis_batch_window: Duration,
     /// Most checks in one Redis batch.
-    #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = 256)]
+    #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = 128)]
     pub redis_batch_max: usize,
     /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
     #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]

@@ -1,7 +1,8 @@
-//! A Redis store call is answered by its deadline even while Redis answers nothing. No
-//! timer runs per call: the batcher answers each job by its deadline, whether the job
-//! waits for room among the batches in flight or its batch is out. A batcher that missed
-//! one would leave its caller waiting for as long as Redis stays silent.
+//! A Redis store call is answered by its deadline even while Redis answers nothing,
+//! whether the job waits for room among the batches in flight (the batcher answers it)
+//! or its batch is out (the script call runs under its earliest job's deadline). A
+//! batcher that missed one would leave its caller waiting for as long as Redis stays
+//! silent.
 
 mod support;
 
@@ -25,8 +26,8 @@ const IN_FLIGHT: u32 = 64;
 
 /// With one check per batch: the first wave takes every batch in flight, and the second,
 /// sent halfway to the first's deadline, waits for room. When room comes its calls have
-/// half their time left, and a script call's own deadline is the whole store timeout:
-/// only the batcher's per-job deadline answers them in time.
+/// half their time left: a script call that ran for the whole store timeout would
+/// answer them late, so each runs under its job's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_to_a_silent_redis_is_answered_by_its_deadline() {
     let server = RedisServer::start();

@@ -5,6 +5,7 @@
 //! ([`super::batcher::run_call`]: NOSCRIPT, MOVED, breaker, deadline).
 
 use std::sync::LazyLock;
+use std::time::Instant;
 
 use bytes::Bytes;
 use fred::types::Value;
@@ -72,7 +73,7 @@ pub async fn run(
 ) -> Result<LeaseGrant, StoreError> {
     let call = call(request, now)?;
     let node = shared.nodes.topology().route(call.slot()).cloned();
-    run_call(shared, node, &call, decode).await
+    run_call(shared, node, &call, Instant::now() + shared.timeout, decode).await
 }
 
 /// Turns the script's reply into a grant.

@@ -126,7 +126,8 @@ local ALGOS = {}
 
 -- Whether `state` has expired at `now` (a state past its expiry answers as fresh, the
 -- memory store's rule): an algorithm's `expired` when it has one, a cheaper test than
--- working out when the state expires.
+-- working out when the state expires. main.lua's per-check loop writes this out (a
+-- Lua call per check is ~0.1 µs of Redis): change both together.
 local function has_expired(algo, state, now, q)
   if algo.expired then return algo.expired(state, now, q) end
   return algo.expires_at(state, q) <= now

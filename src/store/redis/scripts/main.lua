@@ -26,6 +26,7 @@ local slots = 0
 
 -- One fresh state per algorithm for the whole call: nothing in this script changes a
 -- state in place (a decision that changes one returns a new table).
+-- The per-check loop reads `fresh_of[kind]` itself before calling this.
 local fresh_of = {}
 local function fresh(kind)
   local state = fresh_of[kind]

@@ -13,12 +13,12 @@ pub mod lease;
 pub mod meter;
 pub mod precheck;
 pub mod stats;
+mod within;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::future::{Either, FutureExt};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -32,6 +32,7 @@ use fallback::Fallback;
 use hotkeys::{HotKeyLayer, Leased};
 use lease::Leases;
 use precheck::Precheck;
+use within::within;
 
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -536,34 +537,6 @@ impl<S: Store> Limiter<S> {
             over_limit: !decision.allowed && !shadow,
         })
     }
-}
-
-/// Runs a store call, abandoning it at `deadline`: the store's own timeout may be longer
-/// than the caller is willing to wait. An abandoned call is dropped by the batcher
-/// before it is sent, so it charges nothing. Not an `async fn`: that would hold `call`
-/// twice (as its argument and as the future it awaits) in every request's future.
-fn within<'a, F>(
-    deadline: Option<Instant>,
-    metrics: &'a Metrics,
-    call: F,
-) -> impl std::future::Future<Output = Result<(), StoreError>> + 'a
-where
-    F: std::future::Future<Output = Result<(), StoreError>> + 'a,
-{
-    let Some(deadline) = deadline else {
-        return Either::Left(call);
-    };
-    let started = Instant::now();
-    Either::Right(
-        tokio::time::timeout_at(deadline, call).map(move |result| match result {
-            Ok(result) => result,
-            Err(_) => {
-                let error = StoreError::Timeout(deadline.saturating_duration_since(started));
-                metrics.store_error(error.kind());
-                Err(error)
-            }
-        }),
-    )
 }
 
 /// Whole seconds until `micros` have passed, rounded up (the reference's

@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod script;
 pub mod tls;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -174,31 +175,39 @@ impl Backend {
     }
 
     /// Queues `checks` for the batcher and waits for their decisions; fails at once when
-    /// the breaker of a node they live on is open.
-    async fn submit(
-        &self,
+    /// the breaker of a node they live on is open. Not an `async fn`: that would keep its
+    /// arguments twice in every request's future (as arguments and as the locals they
+    /// move into).
+    #[allow(clippy::manual_async_fn)] // an async fn is what this avoids
+    fn submit<'s, 'd>(
+        &'s self,
         checks: Vec<StoreCheck>,
         commit: bool,
-        decisions: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        let op = if commit { "check" } else { "peek" };
-        let started = Instant::now();
-        self.shared.nodes.wait_known(self.shared.timeout).await;
-        let result = match self.allow(&checks) {
-            // The caller's vector travels with the job and comes back filled: no answer
-            // vector per request, no copy.
-            Ok(()) => self
-                .round_trip(checks, commit, std::mem::take(decisions))
-                .await
-                .map(|filled| *decisions = filled),
-            Err(error) => Err(error),
-        };
-        let metrics = &self.shared.metrics;
-        metrics.store_duration(op, started.elapsed());
-        if let Err(error) = &result {
-            metrics.store_error(error.kind());
+        decisions: &'d mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + use<'s, 'd> {
+        async move {
+            if checks.is_empty() {
+                return Ok(());
+            }
+            let op = if commit { "check" } else { "peek" };
+            let started = Instant::now();
+            self.shared.nodes.wait_known(self.shared.timeout).await;
+            let result = match self.allow(&checks) {
+                // The caller's vector travels with the job and comes back filled: no
+                // answer vector per request, no copy.
+                Ok(()) => self
+                    .round_trip(checks, commit, std::mem::take(decisions))
+                    .await
+                    .map(|filled| *decisions = filled),
+                Err(error) => Err(error),
+            };
+            let metrics = &self.shared.metrics;
+            metrics.store_duration(op, started.elapsed());
+            if let Err(error) = &result {
+                metrics.store_error(error.kind());
+            }
+            result
         }
-        result
     }
 
     /// Whether calls for `checks` may go to Redis now: the slot of each has a node and
@@ -251,27 +260,21 @@ impl Backend {
 }
 
 impl Store for RedisStore {
-    async fn check(
+    // Not `async fn`s: the future is `submit`'s own, with nothing around it.
+    fn check(
         &self,
         checks: &[StoreCheck],
         decisions: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        if checks.is_empty() {
-            return Ok(());
-        }
-        self.backend()
-            .submit(checks.to_vec(), true, decisions)
-            .await
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.backend().submit(checks.to_vec(), true, decisions)
     }
 
-    async fn peek(
+    fn peek(
         &self,
         check: &StoreCheck,
         decisions: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        self.backend()
-            .submit(vec![check.clone()], false, decisions)
-            .await
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.backend().submit(vec![check.clone()], false, decisions)
     }
 
     fn is_shared(&self) -> bool {

@@ -1,12 +1,19 @@
 //! `sluice bench` against a real Sluice server: every call is counted once whatever the
 //! number of load threads, the open loop keeps its rate, OVER_LIMIT answers are told
-//! apart from OK, failed calls are never throughput, and bad flags or an unreachable
-//! target are errors, not empty reports.
+//! apart from OK, failed calls are never throughput, every call carries the deadline
+//! `--grpc-timeout` gives it, and bad flags or an unreachable target are errors, not
+//! empty reports.
 
 mod support;
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use clap::Parser;
 use sluice::bench::{self, BenchArgs, BenchError, Report};
+use sluice::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
+use sluice::service::request::grpc_timeout;
 use sluice::settings::{Cli, Command};
 use support::TestServer;
 
@@ -128,4 +135,67 @@ fn more_threads_than_connections_is_refused() {
     let args = bench_args("--threads 3 --connections 2");
     let error = bench::run(&args).expect_err("three threads cannot share two connections");
     assert!(matches!(error, BenchError::Settings(_)), "{error}");
+}
+
+/// An RLS server that answers OK and keeps each call's `grpc-timeout` (None: absent).
+#[derive(Clone, Default)]
+struct DeadlineRecorder(Arc<Mutex<Vec<Option<Duration>>>>);
+
+#[tonic::async_trait]
+impl RateLimitService for DeadlineRecorder {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let timeout = grpc_timeout(request.metadata());
+        self.0.lock().expect("recorder").push(timeout);
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: 1,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The deadlines the calls of `flags` carried to a recording server.
+async fn deadlines_of(flags: &str) -> Vec<Option<Duration>> {
+    let recorder = DeadlineRecorder::default();
+    let port = support::redis::free_port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(recorder.clone()))
+            .serve(([127, 0, 0, 1], port).into()),
+    );
+    let target = format!("127.0.0.1:{port}");
+    let mut report = None;
+    for _ in 0..50 {
+        match run(bench_args(&format!("--target {target} {flags}"))).await {
+            Err(BenchError::Connect { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => {
+                report = Some(other.expect("bench runs"));
+                break;
+            }
+        }
+    }
+    let report = report.expect("the recording server listens");
+    let deadlines = recorder.0.lock().expect("recorder").clone();
+    assert!(report.ok > 0, "{report:?}");
+    assert!(deadlines.len() as u64 >= report.requests, "{report:?}");
+    deadlines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_carries_the_grpc_timeout_it_is_given() {
+    let flags = "--threads 2 --connections 2 --concurrency 4 --duration 200ms --warmup 0s";
+    let given = deadlines_of(&format!("{flags} --grpc-timeout 20ms")).await;
+    assert!(
+        given.iter().all(|d| *d == Some(Duration::from_millis(20))),
+        "{:?}",
+        &given[..given.len().min(5)]
+    );
+    let none = deadlines_of(flags).await;
+    assert!(
+        none.iter().all(Option::is_none),
+        "{:?}",
+        &none[..none.len().min(5)]
+    );
 }

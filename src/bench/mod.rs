@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Request-level hits addend (0: the server's default of one hit).
     #[arg(long, default_value_t = 0)]
     pub hits_addend: u32,
+    /// Deadline every call carries as `grpc-timeout`, as Envoy's rate limit filter
+    /// sends its own timeout (20 ms by default); none when unset.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grpc_timeout: Option<Duration>,
     /// Load threads, each with its own runtime, connections and share of the calls
     /// (at most `--connections` and `--concurrency`).
     #[arg(long, default_value_t = 1)]
@@ -141,6 +145,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
                 threads: threads as u64,
                 index: index as u64,
             }),
+            grpc_timeout: args.grpc_timeout,
         };
         let (start_tx, start_rx) = oneshot::channel();
         starts.push(start_tx);
@@ -217,6 +222,8 @@ struct Share {
     first_worker: usize,
     /// Open loop: this thread's share of the calls.
     pacing: Option<pacer::Pace>,
+    /// `grpc-timeout` of every call.
+    grpc_timeout: Option<Duration>,
 }
 
 impl Share {
@@ -294,6 +301,7 @@ impl Share {
             maker: maker.clone(),
             rng: Rng::new((self.first_worker + worker) as u64 + 1),
             tally: tally.clone(),
+            grpc_timeout: self.grpc_timeout,
         }
     }
 
@@ -369,12 +377,16 @@ struct Worker {
     maker: Arc<RequestMaker>,
     rng: Rng,
     tally: SharedTally,
+    grpc_timeout: Option<Duration>,
 }
 
 impl Worker {
     /// Makes one call; counts it if it started at or after `measure_from`.
     async fn call(&mut self, measure_from: Instant) {
-        let request = self.maker.request(self.maker.key(&mut self.rng));
+        let mut request = tonic::Request::new(self.maker.request(self.maker.key(&mut self.rng)));
+        if let Some(timeout) = self.grpc_timeout {
+            request.set_timeout(timeout);
+        }
         let sent = Instant::now();
         let result = self.client.should_rate_limit(request).await;
         if sent >= measure_from {

@@ -16,6 +16,7 @@ use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
 use sluice::service::request::grpc_timeout;
 use sluice::settings::{Cli, Command};
 use support::TestServer;
+use tonic::transport::server::TcpIncoming;
 
 /// 50 calls an hour for the one key the load sends.
 const RULES: &str = "domain: bench
@@ -159,24 +160,17 @@ impl RateLimitService for DeadlineRecorder {
 /// The deadlines the calls of `flags` carried to a recording server.
 async fn deadlines_of(flags: &str) -> Vec<Option<Duration>> {
     let recorder = DeadlineRecorder::default();
-    let port = support::redis::free_port();
+    // Listening before the bench starts: no connection can race the server's start.
+    let incoming = TcpIncoming::bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let target = incoming.local_addr().expect("local address");
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(recorder.clone()))
-            .serve(([127, 0, 0, 1], port).into()),
+            .serve_with_incoming(incoming),
     );
-    let target = format!("127.0.0.1:{port}");
-    let mut report = None;
-    for _ in 0..50 {
-        match run(bench_args(&format!("--target {target} {flags}"))).await {
-            Err(BenchError::Connect { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
-            other => {
-                report = Some(other.expect("bench runs"));
-                break;
-            }
-        }
-    }
-    let report = report.expect("the recording server listens");
+    let report = run(bench_args(&format!("--target {target} {flags}")))
+        .await
+        .expect("bench runs");
     let deadlines = recorder.0.lock().expect("recorder").clone();
     assert!(report.ok > 0, "{report:?}");
     assert!(deadlines.len() as u64 >= report.requests, "{report:?}");

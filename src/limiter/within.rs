@@ -23,9 +23,8 @@ pin_project_lite::pin_project! {
     pub struct Within<'a, F> {
         #[pin]
         call: F,
-        deadline: Option<Instant>,
-        // What the caller allowed, as the timeout error reports it.
-        budget: Duration,
+        // The deadline, and what the caller allowed (as the timeout error reports it).
+        deadline: Option<(Instant, Duration)>,
         metrics: &'a Metrics,
         timer: Option<Pin<Box<Sleep>>>,
     }
@@ -36,13 +35,11 @@ pub fn within<F>(deadline: Option<Instant>, metrics: &Metrics, call: F) -> Withi
 where
     F: Future<Output = Result<(), StoreError>>,
 {
-    let budget = deadline.map_or(Duration::ZERO, |deadline| {
-        deadline.saturating_duration_since(Instant::now())
-    });
+    let deadline =
+        deadline.map(|deadline| (deadline, deadline.saturating_duration_since(Instant::now())));
     Within {
         call,
         deadline,
-        budget,
         metrics,
         timer: None,
     }
@@ -60,7 +57,7 @@ where
         if let Poll::Ready(result) = this.call.poll(cx) {
             return Poll::Ready(result);
         }
-        let Some(deadline) = *this.deadline else {
+        let Some((deadline, budget)) = *this.deadline else {
             return Poll::Pending;
         };
         let timer = this
@@ -68,7 +65,7 @@ where
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                let error = StoreError::Timeout(*this.budget);
+                let error = StoreError::Timeout(budget);
                 this.metrics.store_error(error.kind());
                 Poll::Ready(Err(error))
             }

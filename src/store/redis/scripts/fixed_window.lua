@@ -1,5 +1,5 @@
 -- Fixed window (mirror of src/algorithm/fixed_window.rs). State: {ws, count}.
-ALGOS[1] = {
+MAKE_ALGO[1] = function() return {
   fresh = function() return { ws = 0, count = 0 } end,
   decode = function(raw)
     local ws, count = numbers(raw, '^f (%S+) (%S+)$')
@@ -22,4 +22,4 @@ ALGOS[1] = {
     return allowed, remaining, reset_after, retry, count_after, s, false
   end,
   expires_at = function(s, q) return s.ws + q.period end,
-}
+} end

@@ -38,7 +38,7 @@ local function gcra_tat_of(s, q)
   return { us = s.tat + whole, frac = frac }
 end
 
-ALGOS[5] = {
+MAKE_ALGO[5] = function() return {
   fresh = function() return { tat = 0, frac = 0 } end,
   decode = function(raw)
     local tat, frac = numbers(raw, '^g (%S+) (%S+)$')
@@ -78,4 +78,4 @@ ALGOS[5] = {
     if is_invalid(q) then return s.tat end
     return mx_ceil(gcra_tat_of(s, q))
   end,
-}
+} end

@@ -4,7 +4,7 @@ local function sl_member(run)
   return int(run.at) .. ':' .. int(run.units)
 end
 
-ALGOS[3] = {
+MAKE_ALGO[3] = function() return {
   tag = 'l',
   fresh = function() return { runs = {} } end,
   -- Reads the whole log; a key of another type, or a log with a member that is not
@@ -110,4 +110,4 @@ ALGOS[3] = {
     if last then return last.at + q.period end
     return 0
   end,
-}
+} end

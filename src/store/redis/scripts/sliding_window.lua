@@ -31,7 +31,7 @@ local function sw_guess(a, left, cost, q)
   return left
 end
 
-ALGOS[2] = {
+MAKE_ALGO[2] = function() return {
   fresh = function() return { ws = 0, prev = 0, curr = 0 } end,
   decode = function(raw)
     local ws, prev, curr = numbers(raw, '^w (%S+) (%S+) (%S+)$')
@@ -85,4 +85,4 @@ ALGOS[2] = {
     if s.curr > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
     return s.ws + q.period * windows
   end,
-}
+} end

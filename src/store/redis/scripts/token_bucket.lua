@@ -49,7 +49,7 @@ local function tb_drained_after(s, from, tokens, q)
   end)
 end
 
-ALGOS[4] = {
+MAKE_ALGO[4] = function() return {
   fresh = function() return { deficit = 0, last = 0 } end,
   decode = function(raw)
     local deficit, last
@@ -121,4 +121,4 @@ ALGOS[4] = {
     if now < s.last then return false end
     return tb_deficit_at(s, now, q) <= 0
   end,
-}
+} end

@@ -124,8 +124,9 @@ end
 -- it changed; it never changes `s` in place (a changed state is a new table).
 --
 -- ALGOS[kind] is made on first use: a script's body runs on every EVALSHA, and making
--- all five algorithms' tables and closures cost Redis ~2 µs per call more than making
--- the one a call typically uses (redis-benchmark, one check per call: 16.3 µs in all).
+-- all five algorithms' tables and closures on every call cost Redis ~1.5 µs more than
+-- making the one a call typically uses (redis-benchmark, one check per call:
+-- 16.6–17.7 → 15.5–16.0 µs).
 -- Each algorithm's file sets MAKE_ALGO[kind]; a kind with none is nil.
 local MAKE_ALGO = {}
 local ALGOS = setmetatable({}, {

@@ -152,8 +152,9 @@ pub struct ServeArgs {
     /// Most limit states the memory store holds before evicting.
     #[arg(long, env = "SLUICE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub memory_max_keys: usize,
-    /// Tokio worker threads; with the memory store, also the gRPC serving threads (one
-    /// current-thread runtime each, connections dealt in turn) [default: number of cores].
+    /// gRPC serving threads (one current-thread runtime each, connections dealt in turn;
+    /// with Redis each has its own batcher and connections) and the main runtime's worker
+    /// threads [default: number of cores].
     #[arg(long, env = "SLUICE_WORKERS")]
     pub workers: Option<usize>,
     /// Log format [default: text, or LOG_FORMAT].

@@ -217,29 +217,64 @@ async fn starts_without_redis_and_uses_it_when_it_appears() {
     drop(redis);
 }
 
+/// Redis forgetting Sluice's code, the scripts (`SCRIPT FLUSH`) or the function library
+/// (`FUNCTION FLUSH`, also a restart without persistence), is loaded again unseen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_script_flush_is_invisible() {
+async fn script_and_function_flushes_are_invisible() {
     let _serial = serial().await;
     let redis = RedisServer::start();
     let server = sluice(&redis.url(), STORE_TIMEOUT).await;
     until_exact(&server, Duration::from_secs(5)).await;
+    assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     let before = server.metrics().await;
-    redis.cli(&["script", "flush"]);
     let mut client = server.client().await;
-    for _ in 0..20 {
-        let answer = call(&mut client, "closed", "flush", LOAD_DEADLINE).await;
-        assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
+    for flush in ["script", "function"] {
+        redis.cli(&[flush, "flush"]);
+        for _ in 0..10 {
+            let answer = call(&mut client, "closed", "flush", LOAD_DEADLINE).await;
+            assert_eq!(
+                answer.outcome,
+                Outcome::Ok,
+                "after {flush} flush: {answer:?}"
+            );
+        }
     }
     let after = server.metrics().await;
     let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
     assert_eq!(
         before.get(fallbacks),
         after.get(fallbacks),
-        "NOSCRIPT surfaced"
+        "a missing script or function surfaced"
     );
     assert_eq!(
         count_of(&redis.cli(&["get", &redis_key("closed", "flush")])),
         20
+    );
+    assert!(redis.cli(&["function", "list"]).contains("sluice_"));
+    assert_eq!(redis.command_calls("evalsha"), 0, "fell back to EVALSHA");
+}
+
+/// A Redis that refuses functions (before 7, or an ACL written for `EVALSHA`) is served
+/// by `EVALSHA`, exactly, with one warning and no failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_functions_is_served_by_evalsha() {
+    let _serial = serial().await;
+    captured_log();
+    let warning = "sending EVALSHA from now on";
+    let warned_before = log_lines_with(warning).len();
+    let redis = RedisServer::start();
+    let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
+    until_exact(&server, Duration::from_secs(5)).await;
+    assert_exact(&server, "no-functions").await;
+    let metrics = server.metrics().await;
+    let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
+    assert_eq!(metrics.get(fallbacks), 0.0, "a refusal surfaced");
+    assert!(redis.command_calls("evalsha") > 0, "no EVALSHA sent");
+    assert!(!redis.cli(&["function", "list"]).contains("sluice_"));
+    assert_eq!(
+        log_lines_with(warning).len(),
+        warned_before + 1,
+        "one warning"
     );
 }
 
@@ -333,7 +368,7 @@ async fn overload_sheds_fast_with_flat_memory() {
     );
 }
 
-/// Redis refuses rather than fails: a wrong password, an ACL user without EVALSHA, and
+/// Redis refuses rather than fails: a wrong password, an ACL user without FCALL and EVALSHA, and
 /// `maxmemory` with `noeviction`. Each gives a clear log line without the password, the
 /// failure mode, and `sluice_store_errors_total` by kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,7 +386,15 @@ async fn refusals_auth_acl_and_oom_take_the_failure_mode() {
         "&*",
         "+@all",
     ]);
-    redis.cli(&["acl", "setuser", "limited", "-evalsha", "-evalsha_ro"]);
+    redis.cli(&[
+        "acl",
+        "setuser",
+        "limited",
+        "-evalsha",
+        "-evalsha_ro",
+        "-fcall",
+        "-fcall_ro",
+    ]);
     redis.cli(&["config", "set", "requirepass", "right-pass"]);
     let cli = |args: &[&str]| {
         let mut all = vec!["--no-auth-warning", "-a", "right-pass"];

@@ -1,7 +1,7 @@
 //! Redis Cluster faults (DESIGN §7, issue 5 point 5), with a real 3-primary, 3-replica
 //! cluster on loopback (`cluster-node-timeout 2000`, `cluster-require-full-coverage no`):
 //! a primary killed with `kill -9` and replaced by its replica, a manual
-//! `CLUSTER FAILOVER`, a `SCRIPT FLUSH` on every node, and a slot moved to another
+//! `CLUSTER FAILOVER`, a `SCRIPT FLUSH` and `FUNCTION FLUSH` on every node, and a slot moved to another
 //! primary (resharding).
 //!
 //! Each test keeps two loads running, one on a descriptor whose slot lives on the shard
@@ -373,7 +373,7 @@ async fn a_manual_failover_moves_the_slots() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_script_flush_on_every_node_is_invisible() {
+async fn a_script_and_function_flush_on_every_node_is_invisible() {
     let _serial = serial().await;
     let cluster = RedisCluster::start_with_replicas();
     let place = Placement::pick(&cluster);
@@ -385,15 +385,27 @@ async fn a_script_flush_on_every_node_is_invisible() {
     let flushed = Instant::now();
     for node in &cluster.nodes {
         assert_eq!(node.cli(&["script", "flush"]).trim(), "OK");
+        // The function library too: a replica refuses (READONLY) and follows its primary.
+        let flushed_functions = node.cli(&["function", "flush"]);
+        assert!(
+            ["OK", "READONLY"]
+                .iter()
+                .any(|reply| flushed_functions.trim().starts_with(reply)),
+            "FUNCTION FLUSH: {flushed_functions}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // NOSCRIPT is handled inside the store: not one call took the failure mode.
+    // A missing script or library is loaded inside the store: not one call took the
+    // failure mode.
     let (affected, charged) = finish(&cluster, loads, &place, flushed, "SCRIPT FLUSH").await;
     assert_eq!(
         server.metrics().await.get(fallbacks),
         before,
-        "NOSCRIPT surfaced"
+        "a missing script or function surfaced"
     );
+    for node in &cluster.nodes {
+        assert_eq!(node.command_calls("evalsha"), 0, "fell back to EVALSHA");
+    }
     assert!(affected.iter().all(|a| a.outcome == Outcome::Ok));
     assert_eq!(charged, affected.len() as u64, "affected slot counter");
     assert_exact(&server, place.few).await;

@@ -47,12 +47,28 @@ fn quota(rng: &mut Rng) -> Quota {
     }
 }
 
-/// Store options for tests.
-
+/// The function library (`FCALL`), as sent to a Redis that takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_mirrors_rust_on_random_sequences() {
     let server = RedisServer::start();
     let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    mirror(&redis).await;
+    assert!(server.command_calls("fcall") > 0, "no FCALL sent");
+    assert_eq!(server.command_calls("evalsha"), 0, "EVALSHA sent");
+}
+
+/// The script (`EVALSHA`), as sent to a Redis that refuses functions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_mirrors_rust_through_evalsha() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url_without_functions()).await;
+    mirror(&redis).await;
+    assert!(server.command_calls("evalsha") > 0, "no EVALSHA sent");
+}
+
+/// Seeded random sequences, each on a key of its own, decided by the memory store and by
+/// `redis` at the same injected time: every decision must be the same.
+async fn mirror(redis: &sluice::store::redis::RedisStore) {
     let t0: Micros = 1_800_000_000_000_000;
     let mut compared = 0usize;
     for seed in 1..=400u64 {

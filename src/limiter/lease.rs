@@ -2,7 +2,7 @@
 //! a key this instance sees often), one store call decides the request and takes `N`
 //! more units all-or-nothing; the instance then admits locally until they are spent or
 //! the lease expires, and gives back what is unused with its next lease call or, once
-//! expired, from the background return loop ([`Leases::expired`], run by the server
+//! expired, from the background return loop ([`super::Limiter::return_leases`], run by the server
 //! every [`RETURN_INTERVAL`]).
 //!
 //! Bounds (per leased key, `R` instances, lease size `N`, lifetime `L` = `lease_ttl`,

@@ -144,6 +144,42 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Calls of `command` (lower case, e.g. `fcall`) since start or `CONFIG RESETSTAT`,
+    /// from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Script calls Sluice made: `FCALL` and `EVALSHA` (whichever the store sends).
+    pub fn script_calls(&self) -> u64 {
+        self.command_calls("fcall") + self.command_calls("evalsha")
+    }
+
+    /// The URL of a new user allowed everything but Redis Functions (`FCALL`, `FUNCTION`),
+    /// as on a Redis before 7 or under an ACL written for `EVALSHA`.
+    pub fn url_without_functions(&self) -> String {
+        self.cli(&[
+            "ACL",
+            "SETUSER",
+            "nofunctions",
+            "on",
+            ">nofunctions-pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-fcall_ro",
+            "-function",
+        ]);
+        format!("redis://nofunctions:nofunctions-pw@127.0.0.1:{}", self.port)
+    }
+
     /// Whether the process is running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time;
 
 use super::client::{classify, is_noscript, redirect_of, Redirect};
+use super::functions::{self, Scripting, LIBRARY};
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
@@ -106,6 +107,8 @@ pub struct Shared {
     pub nodes: Arc<Nodes>,
     /// Circuit breakers, fed with every script call's outcome (shared by every lane).
     pub health: Arc<super::health::Health>,
+    /// Whether calls go as `FCALL` or `EVALSHA` (shared by every lane).
+    pub scripting: Arc<Scripting>,
     /// Deadline of one batch's round trip.
     pub timeout: Duration,
     /// Longest wait for more jobs.
@@ -313,8 +316,9 @@ async fn run_decisions(
 }
 
 /// One script call on `node` (none: no node serves its slot), its reply turned into a
-/// `T` by `decode`. A NOSCRIPT answer loads the script on that node and
-/// runs the call again; a MOVED answer sends it once more to the node named, and an ASK
+/// `T` by `decode`. An answer that the node lacks the script or the function library
+/// loads it on that node and runs the call again; a node that refuses functions makes
+/// the store send `EVALSHA` from then on ([`functions`]), this call first; a MOVED answer sends it once more to the node named, and an ASK
 /// answer (its slot is being migrated) sends it there after `ASKING` on the same
 /// connection. In each case it did not run, so nothing is charged twice; every step
 /// ends by `deadline`, and a call is redirected once at most. Feeds the node's breaker,
@@ -335,8 +339,11 @@ pub async fn run_call<T>(
     let mut asking = false;
     let mut redirected = false;
     let result = loop {
-        let attempt = match one_call(shared, &node, call, asking, deadline).await {
-            Err(Failure::NoScript) => load_and_call(shared, &node, call, asking, deadline).await,
+        let attempt = match call_loading(shared, &node, call, asking, deadline).await {
+            Err(Failure::NoFunctions(reason)) => {
+                shared.scripting.fall_back(&node.name, &reason);
+                call_loading(shared, &node, call, asking, deadline).await
+            }
             other => other,
         };
         match attempt {
@@ -358,7 +365,10 @@ pub async fn run_call<T>(
     // A redirect says where the slot is, not that the node is unwell: no breaker count.
     let redirected_again = matches!(result, Err(Failure::Redirected(_)));
     let result = result.map_err(|failure| match failure {
-        Failure::NoScript => StoreError::Unavailable("NOSCRIPT after SCRIPT LOAD".into()),
+        Failure::NoScript => {
+            StoreError::Unavailable("script or function missing after loading it".into())
+        }
+        Failure::NoFunctions(reason) => StoreError::Protocol(format!("redis functions: {reason}")),
         Failure::Redirected(Redirect::Moved(server)) => {
             StoreError::Unavailable(format!("redirected (MOVED) to {server}"))
         }
@@ -378,23 +388,50 @@ pub async fn run_call<T>(
     result
 }
 
-/// Loads the script on `node` (it answered NOSCRIPT) and runs the call again there.
-async fn load_and_call(
+/// One call on `node`; if the node lacks its script or function library, the call
+/// again once that is loaded, within the same deadline.
+async fn call_loading(
     shared: &Shared,
     node: &Node,
     call: &Call,
     asking: bool,
     deadline: Instant,
 ) -> Result<Value, Failure> {
-    let loaded = time::timeout_at(
-        deadline.into(),
-        node.client.script_load::<String, _>(call.script),
-    )
-    .await;
-    match loaded {
-        Ok(Ok(_)) => one_call(shared, node, call, asking, deadline).await,
-        Ok(Err(error)) => Err(Failure::Store(classify(&error, shared.timeout))),
-        Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+    match one_call(shared, node, call, asking, deadline).await {
+        Err(Failure::NoScript) => {
+            match time::timeout_at(deadline.into(), load(shared, node, call)).await {
+                Ok(Ok(())) => one_call(shared, node, call, asking, deadline).await,
+                Ok(Err(failure)) => Err(failure),
+                Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Loads what `call` runs on `node`: the function library (`FUNCTION LOAD`; loaded
+/// already by another lane or instance counts as loaded) or its script (`SCRIPT LOAD`).
+async fn load(shared: &Shared, node: &Node, call: &Call) -> Result<(), Failure> {
+    let failed = |error: &fred::error::Error| Failure::Store(classify(error, shared.timeout));
+    if !shared.scripting.functions() {
+        return match node
+            .client
+            .script_load::<String, _>(call.entry.script())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) => Err(failed(&error)),
+        };
+    }
+    let command = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(call.slot()), false);
+    let args = vec![Value::from_static_str("LOAD"), LIBRARY.code.clone()];
+    match node.client.custom::<Value, _>(command, args).await {
+        Ok(_) => Ok(()),
+        Err(error) if functions::already_loaded(error.details()) => Ok(()),
+        Err(error) if functions::refuses_library(error.details()) => {
+            Err(Failure::NoFunctions(error.details().to_owned()))
+        }
+        Err(error) => Err(failed(&error)),
     }
 }
 
@@ -408,8 +445,10 @@ pub fn unrouted(slot: u16) -> StoreError {
 
 /// Why one call of a pipeline failed.
 enum Failure {
-    /// The node does not have the script.
+    /// The node does not have the script, or the function library.
     NoScript,
+    /// The node takes no functions (the reply saying so): send `EVALSHA` instead.
+    NoFunctions(String),
     /// The slot lives on another node now, or is being migrated to it (the call did
     /// not run).
     Redirected(Redirect),
@@ -440,14 +479,19 @@ async fn one_call(
         ..Options::default()
     };
     let client = node.client.with_options(&options);
-    // No typed EVALSHA with raw arguments: send it as a custom command.
-    let command = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(call.slot()), false);
+    // No typed FCALL or EVALSHA with raw arguments: sent as a custom command.
+    let functions = shared.scripting.functions();
+    let (name, script) = shared.scripting.command(call.entry);
+    let command = CustomCommand::new_static(name, ClusterHash::Custom(call.slot()), false);
+    let mut args = Vec::with_capacity(1 + call.args.len());
+    args.push(script.clone());
+    args.extend(call.args.iter().cloned());
     let attempt = async {
         if asking {
             // Boxed: the rare path does not grow every call's future.
-            return Box::pin(call_asking(node, command, call)).await;
+            return Box::pin(call_asking(node, command, call.slot(), args)).await;
         }
-        client.custom::<Value, _>(command, call.args.clone()).await
+        client.custom::<Value, _>(command, args).await
     };
     let reply = if node.client.is_connected() && !asking {
         // Nearly every call: fred's timeout for this command, the time left before the
@@ -468,7 +512,14 @@ async fn one_call(
     match reply {
         Err(_) => Err(Failure::Store(StoreError::Timeout(shared.timeout))),
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) if is_noscript(&error) => Err(Failure::NoScript),
+        Ok(Err(error))
+            if is_noscript(&error) || functions::is_function_missing(error.details()) =>
+        {
+            Err(Failure::NoScript)
+        }
+        Ok(Err(error)) if functions && functions::refuses_functions(error.details()) => {
+            Err(Failure::NoFunctions(error.details().to_owned()))
+        }
         Ok(Err(error)) => match redirect_of(&error) {
             Some(redirect) => Err(Failure::Redirected(redirect)),
             None => Err(Failure::Store(classify(&error, shared.timeout))),
@@ -481,19 +532,20 @@ async fn one_call(
 async fn call_asking(
     node: &Node,
     command: CustomCommand,
-    call: &Call,
+    slot: u16,
+    args: Vec<Value>,
 ) -> Result<Value, fred::error::Error> {
-    let asking = CustomCommand::new_static("ASKING", ClusterHash::Custom(call.slot()), false);
+    let asking = CustomCommand::new_static("ASKING", ClusterHash::Custom(slot), false);
     let pipeline = node.client.pipeline();
     pipeline
         .custom::<(), _>(asking, Vec::<Value>::new())
         .await?;
-    pipeline.custom::<(), _>(command, call.args.clone()).await?;
+    pipeline.custom::<(), _>(command, args).await?;
     let mut replies = pipeline.try_all::<Value>().await;
     replies.pop().unwrap_or_else(|| {
         Err(fred::error::Error::new(
             fred::error::ErrorKind::Protocol,
-            "no reply to a pipelined EVALSHA",
+            "no reply to a pipelined script call",
         ))
     })
 }

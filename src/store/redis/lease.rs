@@ -1,8 +1,8 @@
 //! The lease script (`scripts/lease.lua`): the shared helpers and algorithm files of
-//! [`super::script`] joined with a lease entry point instead of `main.lua`, run with its
-//! own `EVALSHA`. Lease calls are rare by design (one per leased batch of units), so
+//! [`super::script`] joined with a lease entry point instead of `main.lua`, run as its
+//! own call (`FCALL` of the library's lease function, or `EVALSHA`). Lease calls are rare by design (one per leased batch of units), so
 //! they bypass the batcher's queue, but are sent as its calls are
-//! ([`super::batcher::run_call`]: NOSCRIPT, MOVED, breaker, deadline).
+//! ([`super::batcher::run_call`]: a missing script or library, MOVED, breaker, deadline).
 
 use std::sync::LazyLock;
 use std::time::Instant;
@@ -11,15 +11,21 @@ use bytes::Bytes;
 use fred::types::Value;
 
 use super::batcher::{run_call, Shared};
-use super::script::{limit_key, number, Call};
+use super::script::{limit_key, number, Call, Entry};
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{LeaseGrant, LeaseRequest, StoreError};
 
-/// The whole lease script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = super::script::script_with_algorithms!("lease.lua");
+/// The lease entry point.
+pub const ENTRY: &str = include_str!("scripts/lease.lua");
 
-/// SHA-1 of [`SCRIPT`].
-pub static SHA: LazyLock<String> = LazyLock::new(|| fred::util::sha1_hash(SCRIPT));
+/// The whole lease script, as loaded with `SCRIPT LOAD`.
+pub const SCRIPT: &str = concat!(
+    super::script::algorithms!(),
+    include_str!("scripts/lease.lua")
+);
+
+/// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
+pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
 
 /// Integers the script returns.
 const REPLY_WIDTH: usize = 8;
@@ -62,7 +68,7 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError>
         number(granted_lifetime),
     ];
     let key = Value::Bytes(Bytes::from(limit_key(check.key, 0)));
-    Ok(Call::of(SCRIPT, Value::from(SHA.as_str()), vec![key], argv))
+    Ok(Call::of(Entry::Lease, vec![key], argv))
 }
 
 /// Runs one lease call, as the batcher runs its calls but on its own.

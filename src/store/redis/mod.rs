@@ -1,7 +1,8 @@
 //! The Redis store: counters shared by every Sluice instance, in one Redis node, a
 //! Sentinel-managed primary, or a Redis Cluster.
 //!
-//! Every decision runs in one Lua script ([`script`]) that mirrors `src/algorithm/`
+//! Every decision runs in one Lua call ([`script`]; a function library on Redis 7 and
+//! later, [`functions`]) that mirrors `src/algorithm/`
 //! exactly, reads Redis `TIME` as its only clock, decides every limit of a descriptor
 //! before writing anything (all-or-nothing), and sets a TTL no longer than the state
 //! needs on every key it writes. Keys are `sluice:{<digest hex>}:<limit index>`: the
@@ -12,6 +13,7 @@
 
 pub mod batcher;
 pub mod client;
+pub mod functions;
 pub mod health;
 pub mod lease;
 pub mod nodes;
@@ -79,12 +81,13 @@ impl RedisStore {
             BreakerSettings::default(),
             metrics.clone(),
         ));
-        let main = Backend::start(options, &health, &metrics)?;
+        let scripting = Arc::new(functions::Scripting::new());
+        let main = Backend::start(options, &health, &scripting, &metrics)?;
         let lanes = lanes
             .iter()
             .map(|lane| {
                 let _on_lane = lane.enter();
-                Backend::start(options, &health, &metrics)
+                Backend::start(options, &health, &scripting, &metrics)
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -159,11 +162,13 @@ impl Backend {
     fn start(
         options: &RedisOptions,
         health: &Arc<health::Health>,
+        scripting: &Arc<functions::Scripting>,
         metrics: &Arc<Metrics>,
     ) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
             nodes: Nodes::connect(options, metrics.clone())?,
             health: health.clone(),
+            scripting: scripting.clone(),
             timeout: options.timeout,
             window: options.batch_window,
             max: options.batch_max.max(1),

@@ -21,10 +21,10 @@ use fred::types::Value;
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{CounterKey, LimitCheck, StoreCheck, StoreError};
 
-/// A whole script: the shared helpers and every algorithm, then the entry point
-/// `$entry` (a file under `scripts/`).
-macro_rules! script_with_algorithms {
-    ($entry:literal) => {
+/// The shared helpers and every algorithm, which each entry point (a file under
+/// `scripts/`) follows.
+macro_rules! algorithms {
+    () => {
         concat!(
             include_str!("scripts/common.lua"),
             include_str!("scripts/fixed_window.lua"),
@@ -32,17 +32,49 @@ macro_rules! script_with_algorithms {
             include_str!("scripts/sliding_log.lua"),
             include_str!("scripts/token_bucket.lua"),
             include_str!("scripts/gcra.lua"),
-            include_str!(concat!("scripts/", $entry)),
         )
     };
 }
-pub(super) use script_with_algorithms;
+pub(super) use algorithms;
+
+/// The shared helpers and every algorithm.
+pub const ALGORITHMS: &str = algorithms!();
+
+/// The main entry point: decides a batch of checks.
+pub const ENTRY: &str = include_str!("scripts/main.lua");
 
 /// The whole script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = script_with_algorithms!("main.lua");
+pub const SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/main.lua"));
 
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
-pub static SHA: LazyLock<String> = LazyLock::new(|| fred::util::sha1_hash(SCRIPT));
+pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
+
+/// Which entry point a call runs: the main one or the lease's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `scripts/main.lua`: decides checks.
+    Check,
+    /// `scripts/lease.lua`: grants a lease.
+    Lease,
+}
+
+impl Entry {
+    /// The whole script of this entry point, for `SCRIPT LOAD`.
+    pub fn script(self) -> &'static str {
+        match self {
+            Entry::Check => SCRIPT,
+            Entry::Lease => super::lease::SCRIPT,
+        }
+    }
+
+    /// The SHA-1 of [`Entry::script`], for `EVALSHA`.
+    pub fn sha(self) -> &'static Value {
+        match self {
+            Entry::Check => &SHA,
+            Entry::Lease => &super::lease::SHA,
+        }
+    }
+}
 
 /// Numbers the script returns per limit.
 const REPLY_WIDTH: usize = 5;
@@ -92,22 +124,21 @@ fn algorithm_code(kind: AlgorithmKind) -> u8 {
     }
 }
 
-/// One script call: `EVALSHA`'s whole argument list, built once as fred values (numbers
-/// as integers, which fred writes as bulk strings without formatting them into strings).
+/// One script call: its entry point and argument list after the script's name (the
+/// number of keys, the keys, then ARGV), built once as fred values (numbers as integers,
+/// which fred writes as bulk strings without formatting them into strings). Whether it
+/// goes as `FCALL` or `EVALSHA` is chosen when it is sent ([`super::functions`]).
 #[derive(Debug)]
 pub struct Call {
-    /// The SHA, the number of keys, the keys, then ARGV.
+    /// The number of keys, the keys, then ARGV.
     pub args: Vec<Value>,
-    /// The script's text, loaded when a node answers NOSCRIPT.
-    pub script: &'static str,
+    /// What it runs.
+    pub entry: Entry,
     /// Hash slot of the keys (all of one call share it).
     slot: u16,
     /// Limits decided by this call (the main script's reply has five numbers per limit).
     pub limits: usize,
 }
-
-/// The SHA as a value, shared by every call.
-static SHA_VALUE: LazyLock<Value> = LazyLock::new(|| Value::from(SHA.as_str()));
 
 /// A number as a script argument.
 pub fn number(x: u64) -> Value {
@@ -115,25 +146,19 @@ pub fn number(x: u64) -> Value {
 }
 
 impl Call {
-    /// A call of `script` (whose SHA is `sha`) on `keys`, all in one slot, with `argv`.
-    pub fn of(
-        script: &'static str,
-        sha: Value,
-        mut keys: Vec<Value>,
-        mut argv: Vec<Value>,
-    ) -> Self {
+    /// A call of `entry` on `keys`, all in one slot, with `argv`.
+    pub fn of(entry: Entry, mut keys: Vec<Value>, mut argv: Vec<Value>) -> Self {
         let slot = keys
             .first()
             .and_then(Value::as_bytes)
             .map_or(0, fred::util::redis_keyslot);
-        let mut args = Vec::with_capacity(2 + keys.len() + argv.len());
-        args.push(sha);
+        let mut args = Vec::with_capacity(1 + keys.len() + argv.len());
         args.push(number(keys.len() as u64));
         args.append(&mut keys);
         args.append(&mut argv);
         Self {
             args,
-            script,
+            entry,
             slot,
             limits: 0,
         }
@@ -221,7 +246,7 @@ impl Call {
         argv.append(&mut tail);
         Self {
             limits,
-            ..Self::of(SCRIPT, SHA_VALUE.clone(), keys, argv)
+            ..Self::of(Entry::Check, keys, argv)
         }
     }
 }

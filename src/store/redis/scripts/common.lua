@@ -126,7 +126,8 @@ end
 -- ALGOS[kind] is made on first use: a script's body runs on every EVALSHA, and making
 -- all five algorithms' tables and closures on every call cost Redis ~1.5 µs more than
 -- making the one a call typically uses (redis-benchmark, one check per call:
--- 16.6–17.7 → 15.5–16.0 µs).
+-- 16.6–17.7 → 15.5–16.0 µs). In the function library (FCALL) the body runs once per
+-- node, and each algorithm is made once.
 -- Each algorithm's file sets MAKE_ALGO[kind]; a kind with none is nil.
 local MAKE_ALGO = {}
 local ALGOS = setmetatable({}, {
@@ -156,9 +157,11 @@ local function script_clock(injected)
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
 end
 
--- TTLs already formatted in this call, by number of milliseconds (one per distinct TTL;
--- the script's locals live for one call).
-local ttl_texts = {}
+-- TTLs already formatted in this call, by number of milliseconds (one per distinct TTL).
+-- Each entry point sets a new table at its start: in the function library (see
+-- src/store/redis/functions.rs) these helpers outlive a call, and a table kept from call
+-- to call would grow with every distinct TTL.
+local ttl_texts
 
 -- Writes `state`, decided under `q`, to `key` with a TTL to its expiry (plus
 -- `ttl_extra` ms), or deletes the key when the state has expired at `now`. The expiry is

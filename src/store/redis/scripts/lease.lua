@@ -17,6 +17,7 @@
 -- retry_after, used), units granted, the store's now, and µs left in the current
 -- window (fixed and sliding window; 0 for the others).
 local now, ttl_extra = script_clock(ARGV[1])
+ttl_texts = {}
 local key = KEYS[1]
 local kind = tonumber(ARGV[2])
 local q = { limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]),

@@ -13,6 +13,7 @@
 -- (every number a decision holds is a double already; one string spares the client a
 -- RESP frame per number, and costs Redis no more than the integers did).
 local now, ttl_extra = script_clock(ARGV[1])
+ttl_texts = {}
 local commit = ARGV[2] == '1'
 
 -- Every distinct key of this call has a slot, numbered in first-seen order; per slot:

@@ -72,6 +72,7 @@ async fn status_and_probes() {
     assert_eq!(status["last_reload"]["error"], Value::Null);
     assert_eq!(status["store"]["kind"], "memory");
     assert_eq!(status["store"]["health"], "ok");
+    assert_eq!(status["store"]["lua"], serde_json::Value::Null);
     assert!(status["uptime_seconds"].is_u64());
 
     let metrics = server.metrics().await;

@@ -252,6 +252,7 @@ async fn script_and_function_flushes_are_invisible() {
     );
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(redis.command_calls("evalsha"), 0, "fell back to EVALSHA");
+    assert_eq!(status(&server).await["store"]["lua"], "functions");
 }
 
 /// A Redis that refuses functions (before 7, or an ACL written for `EVALSHA`) is served
@@ -271,6 +272,7 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
     assert_eq!(metrics.get(fallbacks), 0.0, "a refusal surfaced");
     assert!(redis.command_calls("evalsha") > 0, "no EVALSHA sent");
     assert!(!redis.cli(&["function", "list"]).contains("sluice_"));
+    assert_eq!(status(&server).await["store"]["lua"], "scripts");
     assert_eq!(
         log_lines_with(warning).len(),
         warned_before + 1,

@@ -112,6 +112,7 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             // Reported, never part of readiness: failure modes handle an outage.
             "health": store_status.health,
             "breaker": store_status.breaker,
+            "lua": store_status.lua,
         },
     });
     axum::Json(body).into_response()

@@ -162,6 +162,9 @@ pub struct StoreStatus {
     pub health: &'static str,
     /// Breaker state (JSON), `null` for stores without one.
     pub breaker: serde_json::Value,
+    /// How the Redis store runs its Lua code: `functions` (`FCALL`) or `scripts`
+    /// (`EVALSHA`, once a node refused functions); `None` for other stores.
+    pub lua: Option<&'static str>,
 }
 
 impl Default for StoreStatus {
@@ -169,6 +172,7 @@ impl Default for StoreStatus {
         Self {
             health: "ok",
             breaker: serde_json::Value::Null,
+            lua: None,
         }
     }
 }

@@ -96,6 +96,15 @@ impl Scripting {
         !self.evalsha.load(Ordering::Relaxed)
     }
 
+    /// `functions` or `scripts`, as `/status` reports it.
+    pub fn mode(&self) -> &'static str {
+        if self.functions() {
+            "functions"
+        } else {
+            "scripts"
+        }
+    }
+
     /// The command and its first argument (function name or SHA) for a call of `entry`.
     pub fn command(&self, entry: Entry) -> (&'static str, &'static Value) {
         if self.functions() {
@@ -199,10 +208,12 @@ mod tests {
     fn falling_back_is_for_good() {
         let scripting = Scripting::new();
         assert_eq!(scripting.command(Entry::Check).0, "FCALL");
+        assert_eq!(scripting.mode(), "functions");
         scripting.fall_back("node", "ERR unknown command 'FCALL'");
         scripting.fall_back("node", "again");
         let (command, sha) = scripting.command(Entry::Lease);
         assert_eq!(command, "EVALSHA");
+        assert_eq!(scripting.mode(), "scripts");
         assert_eq!(sha, Entry::Lease.sha());
     }
 }

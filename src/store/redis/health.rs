@@ -221,6 +221,7 @@ impl Health {
                 "window_ms": self.settings.window.as_millis() as u64,
                 "nodes": nodes,
             }),
+            lua: None,
         }
     }
 

@@ -307,9 +307,13 @@ impl Store for RedisStore {
 
     fn status(&self) -> StoreStatus {
         let shared = &self.main.shared;
-        shared
+        let status = shared
             .health
-            .status(&shared.nodes.topology(), self.is_connected())
+            .status(&shared.nodes.topology(), self.is_connected());
+        StoreStatus {
+            lua: Some(shared.scripting.mode()),
+            ..status
+        }
     }
 
     fn kind(&self) -> &'static str {

@@ -32,6 +32,11 @@ descriptors:
 /// checks, limits per check and decisions (5), and the response's statuses (1).
 const ALLOWED: u64 = 8;
 
+/// Most bytes those allocations may take per request: measured 688 (1 336 while the
+/// pending-descriptor and store-check vectors grew to room for four; on the Redis store
+/// they live across the round trip).
+const MAX_BYTES: u64 = 1024;
+
 #[test]
 fn allocations_per_request_are_bounded() {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_700_000_000_000_000));
@@ -77,6 +82,11 @@ fn allocations_per_request_are_bounded() {
     assert!(
         hot_per_request <= ALLOWED as f64,
         "{hot_per_request} allocations per request, more than the {ALLOWED} justified"
+    );
+    let hot_bytes = hot_stats.bytes_allocated as u64 / ROUNDS;
+    assert!(
+        hot_bytes <= MAX_BYTES,
+        "{hot_bytes} bytes allocated per request, more than {MAX_BYTES}"
     );
     // A new key may also grow the store's shard map (amortised, well under one per request).
     assert!(

@@ -214,6 +214,8 @@ impl<S: Store> Limiter<S> {
         deadline: Option<Instant>,
     ) -> Result<Vec<Verdict<'r>>, LimiterError> {
         let mut verdicts = Vec::with_capacity(request.descriptors.len());
+        // Room for the descriptors left is made at the first match (none: no allocation):
+        // a grown vector would start at four, and both live across the store's round trip.
         let mut pending = Vec::new();
         let mut checks = Vec::new();
         let mut replaced: HashSet<&'r str> = HashSet::new();
@@ -257,6 +259,11 @@ impl<S: Store> Limiter<S> {
                     quota: limit.quota(),
                 })
                 .collect();
+            if checks.capacity() == 0 {
+                let left = request.descriptors.len() - index;
+                checks.reserve_exact(left);
+                pending.reserve_exact(left);
+            }
             checks.push(StoreCheck {
                 key,
                 limits,

@@ -265,11 +265,33 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
     let warned_before = log_lines_with(warning).len();
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
-    until_exact(&server, Duration::from_secs(5)).await;
-    assert_exact(&server, "no-functions").await;
-    let metrics = server.metrics().await;
+    // Connected before the first call, so that a failure mode could only come from the
+    // refusal (a call before the connection is up takes it anyway).
+    let connecting = Instant::now();
+    while status(&server).await["store"]["health"] != "ok" {
+        assert!(
+            connecting.elapsed() < Duration::from_secs(5),
+            "not connected"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
-    assert_eq!(metrics.get(fallbacks), 0.0, "a refusal surfaced");
+    let before = server.metrics().await.get(fallbacks);
+    let mut client = server.client().await;
+    for _ in 0..20 {
+        let answer = call(&mut client, "closed", "no-functions", LOAD_DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
+    }
+    assert_eq!(
+        server.metrics().await.get(fallbacks),
+        before,
+        "a refusal surfaced"
+    );
+    assert_eq!(
+        count_of(&redis.cli(&["get", &redis_key("closed", "no-functions")])),
+        20
+    );
+    assert_exact(&server, "no-functions").await;
     assert!(redis.command_calls("evalsha") > 0, "no EVALSHA sent");
     assert!(!redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(status(&server).await["store"]["lua"], "scripts");

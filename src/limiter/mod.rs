@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
-use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, Rules};
+use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, RuleRef, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::BlockedCache;
@@ -71,7 +71,7 @@ pub enum Verdict<'r> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limited<'r> {
     /// The rule that applied.
-    pub rule: Cow<'r, Rule>,
+    pub rule: RuleRef<'r>,
     /// Which of the rule's limits describes the answer: the first that refused, else
     /// the one with the least remaining.
     pub limit_index: usize,
@@ -143,7 +143,7 @@ struct Pending<'r> {
     /// Index of the descriptor in the request.
     index: usize,
     /// The rule that matched.
-    rule: Cow<'r, Rule>,
+    rule: RuleRef<'r>,
     /// Label under which its statistics are counted.
     stats_label: Arc<str>,
     /// Hits the request asks for (statistics count these even when not charged).
@@ -239,7 +239,7 @@ impl<S: Store> Limiter<S> {
                 verdicts[index] = Verdict::Unlimited;
                 continue;
             }
-            if let Cow::Borrowed(rule) = matched.rule {
+            if let RuleRef::Borrowed(rule) = matched.rule {
                 replaced.extend(rule.replaces.iter().map(|name| &**name));
             }
             let stats_label = match &matched.stats_key {

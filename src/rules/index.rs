@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Entry, MatchStep, Matched, Rule};
+use super::{Entry, MatchStep, Matched, Rule, RuleRef};
 
 /// One level of a domain's tree.
 #[derive(Debug, Default)]
@@ -131,7 +131,7 @@ impl Level {
         })?;
         if !dynamic && !rule.detailed_metric {
             return Some(Matched {
-                rule: Cow::Borrowed(rule),
+                rule: RuleRef::Borrowed(rule),
                 stats_key: Cow::Borrowed(&rule.stats_key),
                 share_patterns: Vec::new(),
             });
@@ -174,7 +174,7 @@ impl Level {
             share_patterns.clear();
         }
         Some(Matched {
-            rule: Cow::Borrowed(rule),
+            rule: RuleRef::Borrowed(rule),
             stats_key: Cow::Owned(key),
             share_patterns,
         })

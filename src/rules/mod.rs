@@ -225,7 +225,7 @@ fn override_match<'r>(
         metadata: None,
     };
     Matched {
-        rule: std::borrow::Cow::Owned(rule),
+        rule: RuleRef::Owned(Box::new(rule)),
         stats_key: std::borrow::Cow::Owned(key),
         share_patterns: Vec::new(),
     }

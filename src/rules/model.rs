@@ -205,11 +205,33 @@ pub enum Lookup<'r> {
     Matched(Matched<'r>),
 }
 
+/// A rule that applies to one descriptor: one of the rule set's, or one made for a
+/// request's limit override. Two words wide (a `Cow<Rule>` holds a whole rule inline, and
+/// the limiter keeps one per descriptor across a store's round trip).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuleRef<'r> {
+    /// A rule of the rule set.
+    Borrowed(&'r Rule),
+    /// A rule made for a request's limit override.
+    Owned(Box<Rule>),
+}
+
+impl std::ops::Deref for RuleRef<'_> {
+    type Target = Rule;
+
+    fn deref(&self) -> &Rule {
+        match self {
+            RuleRef::Borrowed(rule) => rule,
+            RuleRef::Owned(rule) => rule,
+        }
+    }
+}
+
 /// A rule that applies to one descriptor, with what depends on the request's values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matched<'r> {
     /// The rule (owned only for a request's limit override).
-    pub rule: Cow<'r, Rule>,
+    pub rule: RuleRef<'r>,
     /// Stats key for this request: the rule's, or one built from request values for
     /// `detailed_metric`, `value_to_metric`, `share_threshold` and overrides.
     pub stats_key: Cow<'r, str>,

@@ -115,7 +115,7 @@ fn common_lookup_borrows() {
     let Lookup::Matched(m) = rules.lookup("d", &entries(&[("k", "abd")]), None) else {
         panic!("no match");
     };
-    assert!(matches!(m.rule, std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(m.rule, RuleRef::Borrowed(_)));
     assert!(matches!(m.stats_key, std::borrow::Cow::Borrowed("d.k_a*")));
     assert_eq!(m.share_patterns.capacity(), 0);
     assert_eq!(&*m.rule.config_path, "t.yaml: descriptors[1]");

@@ -56,7 +56,7 @@ struct Run {
     script_calls_per_call: f64,
 }
 
-fn script_calls(redis: Option<&RedisServer>) -> f64 {
+fn redis_script_calls(redis: Option<&RedisServer>) -> f64 {
     redis.map_or(0.0, |redis| redis.script_calls() as f64)
 }
 
@@ -80,7 +80,7 @@ async fn totals(server: &TestServer) -> (f64, f64) {
 async fn run(server: &TestServer, redis: Option<&RedisServer>, key: &str, distinct: bool) -> Run {
     let client = server.client().await;
     let (decided_before, local_before) = totals(server).await;
-    let script_calls_before = script_calls(redis);
+    let script_calls_before = redis_script_calls(redis);
     let calls = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + RUN;
     let started = Instant::now();
@@ -122,7 +122,7 @@ async fn run(server: &TestServer, redis: Option<&RedisServer>, key: &str, distin
     let elapsed = started.elapsed().as_secs_f64();
     let calls = calls.load(Ordering::Relaxed) as f64;
     let (decided, local) = totals(server).await;
-    let script_calls = script_calls(redis) - script_calls_before;
+    let script_calls = redis_script_calls(redis) - script_calls_before;
     Run {
         calls,
         script_calls,

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time;
 
 use super::client::{classify, is_noscript, redirect_of, Redirect};
-use super::functions::{self, Scripting, LIBRARY};
+use super::functions::{self, Lua, Scripting, LIBRARY};
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
@@ -413,7 +413,7 @@ async fn call_loading(
 /// already by another lane or instance counts as loaded) or its script (`SCRIPT LOAD`).
 async fn load(shared: &Shared, node: &Node, call: &Call) -> Result<(), Failure> {
     let failed = |error: &fred::error::Error| Failure::Store(classify(error, shared.timeout));
-    if !shared.scripting.functions() {
+    if shared.scripting.current() == Lua::Scripts {
         return match node
             .client
             .script_load::<String, _>(call.entry.script())
@@ -480,8 +480,8 @@ async fn one_call(
     };
     let client = node.client.with_options(&options);
     // No typed FCALL or EVALSHA with raw arguments: sent as a custom command.
-    let functions = shared.scripting.functions();
-    let (name, script) = shared.scripting.command(call.entry);
+    let lua = shared.scripting.current();
+    let (name, script) = lua.command(call.entry);
     let command = CustomCommand::new_static(name, ClusterHash::Custom(call.slot()), false);
     let mut args = Vec::with_capacity(1 + call.args.len());
     args.push(script.clone());
@@ -517,7 +517,9 @@ async fn one_call(
         {
             Err(Failure::NoScript)
         }
-        Ok(Err(error)) if functions && functions::refuses_functions(error.details()) => {
+        Ok(Err(error))
+            if lua == Lua::Functions && functions::refuses_functions(error.details()) =>
+        {
             Err(Failure::NoFunctions(error.details().to_owned()))
         }
         Ok(Err(error)) => match redirect_of(&error) {

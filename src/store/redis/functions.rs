@@ -25,8 +25,6 @@ use super::script::{self, Entry};
 pub struct Library {
     /// What `FUNCTION LOAD` is sent.
     pub code: Value,
-    /// The name of the library (`sluice_<digest>`).
-    pub name: String,
     /// The function that decides checks (`scripts/main.lua`).
     check: Value,
     /// The function that grants leases (`scripts/lease.lua`).
@@ -64,7 +62,6 @@ impl Library {
             code: Value::from(code),
             check: Value::from(format!("{name}_check")),
             lease: Value::from(format!("{name}_lease")),
-            name,
         }
     }
 
@@ -85,32 +82,46 @@ pub struct Scripting {
     evalsha: AtomicBool,
 }
 
+/// The way calls go at one moment (read once per step, so that what is sent and how its
+/// answer is read agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lua {
+    /// The function library, by `FCALL`.
+    Functions,
+    /// The scripts, by `EVALSHA`.
+    Scripts,
+}
+
+impl Lua {
+    /// `functions` or `scripts`, as `/status` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lua::Functions => "functions",
+            Lua::Scripts => "scripts",
+        }
+    }
+
+    /// The command and its first argument (function name or SHA) for a call of `entry`.
+    pub fn command(self, entry: Entry) -> (&'static str, &'static Value) {
+        match self {
+            Lua::Functions => ("FCALL", LIBRARY.function(entry)),
+            Lua::Scripts => ("EVALSHA", entry.sha()),
+        }
+    }
+}
+
 impl Scripting {
     /// Calls go as `FCALL` until a node refuses.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Whether calls go as `FCALL` (else `EVALSHA`).
-    pub fn functions(&self) -> bool {
-        !self.evalsha.load(Ordering::Relaxed)
-    }
-
-    /// `functions` or `scripts`, as `/status` reports it.
-    pub fn mode(&self) -> &'static str {
-        if self.functions() {
-            "functions"
+    /// How calls go now.
+    pub fn current(&self) -> Lua {
+        if self.evalsha.load(Ordering::Relaxed) {
+            Lua::Scripts
         } else {
-            "scripts"
-        }
-    }
-
-    /// The command and its first argument (function name or SHA) for a call of `entry`.
-    pub fn command(&self, entry: Entry) -> (&'static str, &'static Value) {
-        if self.functions() {
-            ("FCALL", LIBRARY.function(entry))
-        } else {
-            ("EVALSHA", entry.sha())
+            Lua::Functions
         }
     }
 
@@ -161,13 +172,17 @@ mod tests {
     #[test]
     fn names_carry_the_code_digest() {
         let library = &*LIBRARY;
-        assert!(library.name.starts_with("sluice_"), "{}", library.name);
-        assert_eq!(library.name.len(), "sluice_".len() + 16);
         let code = library.code.as_str().expect("text");
-        assert!(code.starts_with(&format!("#!lua name={}\n", library.name)));
+        let name = code
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!lua name="))
+            .expect("library header");
+        assert!(name.starts_with("sluice_"), "{name}");
+        assert_eq!(name.len(), "sluice_".len() + 16);
         for entry in [Entry::Check, Entry::Lease] {
             let function = library.function(entry).as_str().expect("text").into_owned();
-            assert!(function.starts_with(&library.name), "{function}");
+            assert!(function.starts_with(name), "{function}");
             assert!(
                 code.contains(&format!("'{function}'")),
                 "{function} registered"
@@ -207,13 +222,13 @@ mod tests {
     #[test]
     fn falling_back_is_for_good() {
         let scripting = Scripting::new();
-        assert_eq!(scripting.command(Entry::Check).0, "FCALL");
-        assert_eq!(scripting.mode(), "functions");
+        assert_eq!(scripting.current().command(Entry::Check).0, "FCALL");
+        assert_eq!(scripting.current().name(), "functions");
         scripting.fall_back("node", "ERR unknown command 'FCALL'");
         scripting.fall_back("node", "again");
-        let (command, sha) = scripting.command(Entry::Lease);
+        let (command, sha) = scripting.current().command(Entry::Lease);
         assert_eq!(command, "EVALSHA");
-        assert_eq!(scripting.mode(), "scripts");
+        assert_eq!(scripting.current().name(), "scripts");
         assert_eq!(sha, Entry::Lease.sha());
     }
 }

@@ -311,7 +311,7 @@ impl Store for RedisStore {
             .health
             .status(&shared.nodes.topology(), self.is_connected());
         StoreStatus {
-            lua: Some(shared.scripting.mode()),
+            lua: Some(shared.scripting.current().name()),
             ..status
         }
     }

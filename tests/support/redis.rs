@@ -29,6 +29,20 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A directory for one server's files, in memory (`/dev/shm`) where the machine has it:
+/// a cluster node fsyncs `nodes.conf` on its main thread whenever it votes in a
+/// failover or learns a new epoch, and on a disk busy with a build's writes that fsync
+/// can hold a healthy primary past the store's 50 ms timeout (the likeliest cause of
+/// one CI failure: a healthy slot refused twice, 55 ms, during `CLUSTER FAILOVER`).
+fn data_dir() -> tempfile::TempDir {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("sluice-redis-");
+    builder
+        .tempdir_in("/dev/shm")
+        .or_else(|_| builder.tempdir())
+        .expect("temp dir")
+}
+
 /// One `redis-server` process.
 pub struct RedisServer {
     pub port: u16,
@@ -51,7 +65,7 @@ impl RedisServer {
 
     /// A standalone server on `port` (e.g. one a Sluice server already points at).
     pub fn start_on(port: u16) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = data_dir();
         let child = Self::launch(port, &dir, &[]);
         let server = Self {
             port,
@@ -81,7 +95,7 @@ impl RedisServer {
     }
 
     fn spawn(extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = data_dir();
         let port = free_port();
         let child = Self::launch(port, &dir, extra);
         let server = Self {

@@ -32,8 +32,9 @@ pub fn free_port() -> u16 {
 /// A directory for one server's files, in memory (`/dev/shm`) where the machine has it:
 /// a cluster node fsyncs `nodes.conf` on its main thread whenever it votes in a
 /// failover or learns a new epoch, and on a disk busy with a build's writes that fsync
-/// can hold a healthy primary past the store's 50 ms timeout (the likeliest cause of
-/// one CI failure: a healthy slot refused twice, 55 ms, during `CLUSTER FAILOVER`).
+/// can hold a healthy primary for tens of milliseconds (the likeliest cause of one CI
+/// failure: a healthy slot refused twice, 55 ms, past a 50 ms store timeout, during
+/// `CLUSTER FAILOVER`).
 fn data_dir() -> tempfile::TempDir {
     let mut builder = tempfile::Builder::new();
     builder.prefix("sluice-redis-");

@@ -113,7 +113,10 @@ pub async fn spawn_ready(dir: &std::path::Path, bootstrap: &str, admin_port: u16
     command
         .arg("-c")
         .arg(&config)
-        .args(["--use-dynamic-base-id", "--concurrency", "1"])
+        // No hot restart: nothing restarts these Envoys, and its shared memory
+        // (`/dev/shm/envoy_shared_memory_<base id>`) outlives an Envoy that is killed.
+        // Without it there is no base id to collide between tests either.
+        .args(["--disable-hot-restart", "--concurrency", "1"])
         .args(["--log-level", "warn"]);
     let mut process = Process::spawn("envoy", command, &dir.join("envoy.log"));
     wait_for_200(

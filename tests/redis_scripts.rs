@@ -238,6 +238,78 @@ async fn a_call_of_thousands_of_keys_reads_every_state() {
     }
 }
 
+/// The function library keeps the script's working tables from call to call; each call
+/// still reads every state from Redis, never one an earlier call left in them. Between
+/// calls a state is deleted, keys come in another order (so each gets another slot), and
+/// one call has more keys than the tables are kept for. Every decision matches the memory
+/// store, where a deleted key is a key never seen. Through `FCALL` and `EVALSHA` alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
+    let server = RedisServer::start();
+    let functions = connected_store(RedisMode::Standalone, server.url()).await;
+    let scripts = connected_store(RedisMode::Standalone, server.url_without_functions()).await;
+    let now: Micros = 1_800_000_000_000_000;
+    let quota = Quota {
+        limit: 10,
+        period: 60_000_000,
+        burst: 10,
+    };
+    for (store, base) in [(&functions, 0u128), (&scripts, 1_000_000u128)] {
+        for (k, algorithm) in KINDS.into_iter().enumerate() {
+            let base = base + 100_000 * k as u128;
+            let memory = MemoryStore::new(1_000_000, Arc::new(ManualClock::new(now)));
+            let check = |key: u128| StoreCheck {
+                key: CounterKey(base + key),
+                limits: vec![LimitCheck { algorithm, quota }].into(),
+                cost: 1,
+            };
+            let delete = |key: u128| {
+                server.cli(&[
+                    "DEL",
+                    &sluice::store::redis::script::limit_key(CounterKey(base + key), 0),
+                ]);
+            };
+            // Each call: (the keys Redis sees, the keys the memory store sees).
+            let calls: Vec<(Vec<u128>, Vec<u128>)> = vec![
+                (vec![1, 1, 1, 2, 2, 2], vec![1, 1, 1, 2, 2, 2]),
+                // Key 1 deleted: a key the memory store has not seen (90 001) stands for it.
+                (vec![2, 1], vec![2, 90_001]),
+                (vec![1, 2, 1], vec![90_001, 2, 90_001]),
+                // More keys than the script keeps its tables for.
+                (
+                    (3..1_300).chain([2]).collect(),
+                    (3..1_300).chain([2]).collect(),
+                ),
+                // Key 2 deleted (90 002 stands for it).
+                (vec![2, 1], vec![90_002, 90_001]),
+            ];
+            for (round, (in_redis, in_memory)) in calls.iter().enumerate() {
+                match round {
+                    1 => delete(1),
+                    4 => delete(2),
+                    _ => {}
+                }
+                let redis_checks: Vec<StoreCheck> =
+                    in_redis.iter().map(|&key| check(key)).collect();
+                let memory_checks: Vec<StoreCheck> =
+                    in_memory.iter().map(|&key| check(key)).collect();
+                let (mut expected, mut actual) = (Vec::new(), Vec::new());
+                memory
+                    .check(&memory_checks, &mut expected)
+                    .await
+                    .expect("memory");
+                store
+                    .check_at(&redis_checks, true, now, &mut actual)
+                    .await
+                    .unwrap_or_else(|e| panic!("{algorithm:?} call {round}: {e}"));
+                assert_eq!(expected, actual, "{algorithm:?} call {round}");
+            }
+        }
+    }
+    assert!(server.command_calls("fcall") > 0, "no FCALL sent");
+    assert!(server.command_calls("evalsha") > 0, "no EVALSHA sent");
+}
+
 /// A key holding what its algorithm cannot read (another algorithm's state, a malformed
 /// or non-numeric string, another Redis type) is decided as a fresh state, never as a
 /// script error, and the check's charge replaces it.

@@ -40,9 +40,10 @@ impl Library {
         // `redis.register_function` may be used (not even `math`): `build` makes the
         // helpers and algorithms on the first call of either function, and they stay.
         let body = format!(
-            "local function build()\n{}\nlocal check = function(KEYS, ARGV)\n{}\nend\n\
+            "local function build()\n{}\n{}\nlocal check = function(KEYS, ARGV)\n{}\nend\n\
              local lease = function(KEYS, ARGV)\n{}\nend\nreturn {{ check, lease }}\nend\n",
             script::ALGORITHMS,
+            script::CHECK_STATE,
             script::ENTRY,
             super::lease::ENTRY,
         );

@@ -40,11 +40,19 @@ pub(super) use algorithms;
 /// The shared helpers and every algorithm.
 pub const ALGORITHMS: &str = algorithms!();
 
+/// The main entry point's working tables and their helpers, made before the entry
+/// point: kept from call to call in the function library.
+pub const CHECK_STATE: &str = include_str!("scripts/check_state.lua");
+
 /// The main entry point: decides a batch of checks.
 pub const ENTRY: &str = include_str!("scripts/main.lua");
 
 /// The whole script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/main.lua"));
+pub const SCRIPT: &str = concat!(
+    algorithms!(),
+    include_str!("scripts/check_state.lua"),
+    include_str!("scripts/main.lua")
+);
 
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
 pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));

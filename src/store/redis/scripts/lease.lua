@@ -17,17 +17,16 @@
 -- retry_after, used), units granted, the store's now, and µs left in the current
 -- window (fixed and sliding window; 0 for the others).
 local now, ttl_extra = script_clock(ARGV[1])
-ttl_texts = {}
 local key = KEYS[1]
-local kind = tonumber(ARGV[2])
-local q = { limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]),
-            burst = tonumber(ARGV[5]) }
-local cost = tonumber(ARGV[6])
-local units = tonumber(ARGV[7])
-local unused = tonumber(ARGV[8])
-local granted_at = tonumber(ARGV[9])
-local lifetime = tonumber(ARGV[10])
-local returned_lifetime = tonumber(ARGV[11])
+local kind = ARGV[2] + 0
+local q = { limit = ARGV[3] + 0, period = ARGV[4] + 0,
+            burst = ARGV[5] + 0 }
+local cost = ARGV[6] + 0
+local units = ARGV[7] + 0
+local unused = ARGV[8] + 0
+local granted_at = ARGV[9] + 0
+local lifetime = ARGV[10] + 0
+local returned_lifetime = ARGV[11] + 0
 local algo = ALGOS[kind]
 if algo == nil or kind == 3 then
   return redis.error_reply('sluice lease: algorithm ' .. tostring(kind) .. ' cannot lease')

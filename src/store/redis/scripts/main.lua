@@ -13,110 +13,74 @@
 -- (every number a decision holds is a double already; one string spares the client a
 -- RESP frame per number, and costs Redis no more than the integers did).
 local now, ttl_extra = script_clock(ARGV[1])
-ttl_texts = {}
 local commit = ARGV[2] == '1'
-
--- Every distinct key of this call has a slot, numbered in first-seen order; per slot:
--- its key, algorithm, current state, state as loaded, whether Redis holds another type
--- there (known to an algorithm that reads its own key, see sliding_log.lua), and, once
--- a committed decision changed it, the quota it was decided under (set: the state is
--- to be written). Parallel arrays: no table per key.
-local slot_of = {}
-local slot_key, slot_kind, slot_state, slot_orig, slot_foreign, slot_quota = {}, {}, {}, {}, {}, {}
-local slots = 0
-
--- One fresh state per algorithm for the whole call: nothing in this script changes a
--- state in place (a decision that changes one returns a new table).
--- The per-check loop reads `fresh_of[kind]` itself before calling this.
-local fresh_of = {}
-local function fresh(kind)
-  local state = fresh_of[kind]
-  if state == nil then
-    state = ALGOS[kind].fresh()
-    fresh_of[kind] = state
-  end
-  return state
-end
+begin_call(#KEYS)
 
 -- Every key's stored string, read up front with MGET (false where there is none, or
 -- where the key holds another type: the same fresh state a GET's WRONGTYPE gave): one
 -- Redis call for the whole batch instead of one GET per key, ~0.2 µs less per check
 -- (redis-benchmark). In runs of keys: unpack() has a stack to fit them on.
-local stored = {}
 do
   local chunk = 1000
   for first = 1, #KEYS, chunk do
     local last = math.min(first + chunk - 1, #KEYS)
     local values = redis.call('MGET', unpack(KEYS, first, last))
-    for i = 1, #values do stored[first + i - 1] = values[i] end
+    -- Every index of this call set (nil past a short reply): `stored` is kept from call
+    -- to call, and an entry left by an earlier one must never be read as this key's.
+    for i = first, last do stored[i] = values[i - first + 1] end
   end
-end
-
--- The slot of KEYS[index] under algorithm `kind`, its state read on first use.
-local function load(index, kind)
-  local key = KEYS[index]
-  local slot = slot_of[key]
-  if slot and slot_kind[slot] == kind then return slot end
-  local algo = ALGOS[kind]
-  local state, foreign
-  if slot then
-    -- Same key under another algorithm within one call: fresh, as in Rust.
-    state, foreign = fresh(kind), true
-  elseif algo.load then
-    state, foreign = algo.load(key)
-  else
-    local raw = stored[index]
-    foreign = false
-    if raw then state = algo.decode(raw) end
-    if state == nil then state = fresh_of[kind] or fresh(kind) end
-  end
-  if slot == nil then
-    slots = slots + 1
-    slot = slots
-    slot_of[key] = slot
-    slot_key[slot] = key
-  end
-  slot_kind[slot], slot_state[slot], slot_orig[slot] = kind, state, state
-  slot_foreign[slot], slot_quota[slot] = foreign, nil
-  return slot
 end
 
 -- The rules of this call's checks, each listed once: the checks of a batch mostly
 -- share a rule, so its numbers are sent and parsed once per call, not once per check.
-local rules = {}
+-- Each rule's table, and each of its limits' quota, is the one an earlier call left
+-- (see check_state.lua), filled in again.
 local a = 4
-for r = 1, tonumber(ARGV[3]) do
-  local n = tonumber(ARGV[a])
-  local kinds, quotas, algos, invalid = {}, {}, {}, {}
+local rule_count = ARGV[3] + 0
+for r = 1, rule_count do
+  local n = ARGV[a] + 0
+  local rule = rules[r]
+  if rule == nil then
+    rule = { n = 0, kinds = {}, quotas = {}, algos = {}, invalid = {} }
+    rules[r] = rule
+  end
+  local kinds, quotas, algos, invalid = rule.kinds, rule.quotas, rule.algos, rule.invalid
   for i = 1, n do
-    local kind = tonumber(ARGV[a + 1])
-    local q = { limit = tonumber(ARGV[a + 2]), period = tonumber(ARGV[a + 3]),
-                burst = tonumber(ARGV[a + 4]) }
-    kinds[i], quotas[i], algos[i], invalid[i] = kind, q, ALGOS[kind], is_invalid(q)
+    local kind = ARGV[a + 1] + 0
+    local q = quotas[i]
+    if q == nil then
+      q = {}
+      quotas[i] = q
+    end
+    q.limit, q.period, q.burst = ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0
+    kinds[i], algos[i], invalid[i] = kind, ALGOS[kind], is_invalid(q)
     a = a + 4
   end
-  rules[r] = { n = n, kinds = kinds, quotas = quotas, algos = algos, invalid = invalid }
+  rule.n = n
   a = a + 1
 end
 
-local out = {}
 local o = 0
--- Per limit of the check being decided: its next state (false: none to keep) and slot.
-local nexts, slot_at = {}, {}
 local k = 1
 -- Consecutive checks of one rule and cost come as one run: the rule, the cost, and
 -- how many checks.
 for c = a, #ARGV, 3 do
-  local rule = rules[tonumber(ARGV[c])]
-  local cost = tonumber(ARGV[c + 1])
+  local r = ARGV[c] + 0
+  -- Past this call's rules, `rules` holds an earlier call's: never decided by.
+  if not (r >= 1 and r <= rule_count) then
+    return redis.error_reply('sluice check: rule ' .. ARGV[c] .. ' of ' .. rule_count)
+  end
+  local rule = rules[r]
+  local cost = ARGV[c + 1] + 0
   local n, kinds, quotas, algos, invalid = rule.n, rule.kinds, rule.quotas, rule.algos, rule.invalid
-  for _ = 1, tonumber(ARGV[c + 2]) do
+  for _ = 1, ARGV[c + 2] + 0 do
     local first = k
     k = k + n
     local all_allowed = true
     for i = 1, n do
       local kind, q, algo = kinds[i], quotas[i], algos[i]
-      local slot = load(first + i - 1, kind)
+      local index = first + i - 1
+      local slot = load(KEYS[index], index, kind)
       slot_at[i] = slot
       local state = slot_state[slot]
       -- A state past its expiry answers as fresh (the memory store's rule); has_expired
@@ -164,4 +128,4 @@ for slot = 1, slots do
       ttl_extra, slot_orig[slot], slot_foreign[slot])
   end
 end
-return table.concat(out)
+return table.concat(out, '', 1, o)

@@ -263,12 +263,7 @@ async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
                 limits: vec![LimitCheck { algorithm, quota }].into(),
                 cost: 1,
             };
-            let delete = |key: u128| {
-                server.cli(&[
-                    "DEL",
-                    &sluice::store::redis::script::limit_key(CounterKey(base + key), 0),
-                ]);
-            };
+            let delete = |key: u128| store_raw(&server, CounterKey(base + key), &["DEL"]);
             // Each call: (the keys Redis sees, the keys the memory store sees).
             let calls: Vec<(Vec<u128>, Vec<u128>)> = vec![
                 (vec![1, 1, 1, 2, 2, 2], vec![1, 1, 1, 2, 2, 2]),

@@ -2,8 +2,9 @@
 -- in the function library, where they outlive a call (src/store/redis/functions.rs), and
 -- once per call under EVALSHA. Making a table and collecting it costs Redis ~700
 -- instructions empty and ~1 400 with one entry (callgrind). A call of one check made
--- twenty of them, about a fifth of its cost. Each call starts with `begin_call`, which
--- drops what the call before it left, even if that call failed halfway.
+-- some twenty of them; keeping them saves about a quarter of its cost. Each call starts
+-- with `begin_call`, which drops what the call before it left, even if that call
+-- failed halfway.
 --
 -- Every distinct key of a call has a slot, numbered in first-seen order. Per slot: its
 -- key, algorithm, current state, state as loaded, whether Redis holds another type

@@ -117,7 +117,7 @@ pub struct ServeArgs {
     /// Counter store [default: memory, or redis when REDIS_URL is set (REDIS_TYPE picks the kind)].
     #[arg(long, env = "SLUICE_STORE", value_enum)]
     pub store: Option<StoreKind>,
-    /// Redis URL: `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds for a cluster [or REDIS_URL].
+    /// Redis URL: `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds for a cluster; `unix:///path` (or the path) for a Unix socket [or REDIS_URL].
     #[arg(long, env = "SLUICE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     /// Deadline of one Redis store call.
@@ -428,6 +428,31 @@ impl Settings {
             parse_go_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &value)?;
         }
         let redis_url = args.redis_url.clone().or_else(|| env("REDIS_URL"));
+        if let Some(kind) = env("REDIS_SOCKET_TYPE") {
+            // The reference dials REDIS_URL over this network; a flag's URL wins over both.
+            let url_is_socket = (args.redis_url.is_none())
+                .then(|| env("REDIS_URL"))
+                .flatten()
+                .map(|url| crate::store::redis::client::unix_socket_url(&url).is_some());
+            match (kind.to_ascii_lowercase().as_str(), url_is_socket) {
+                ("unix", Some(false)) => {
+                    return Err(error(
+                        "REDIS_SOCKET_TYPE",
+                        &kind,
+                        "unix needs REDIS_URL to be the socket's path",
+                    ))
+                }
+                ("tcp", Some(true)) => {
+                    return Err(error(
+                        "REDIS_SOCKET_TYPE",
+                        &kind,
+                        "tcp, but REDIS_URL is a Unix socket's path",
+                    ))
+                }
+                ("unix" | "tcp", _) => {}
+                _ => return Err(error("REDIS_SOCKET_TYPE", &kind, "expected tcp or unix")),
+            }
+        }
         let store = match args.store {
             Some(kind) => kind,
             None if redis_url.is_some() => match env("REDIS_TYPE")

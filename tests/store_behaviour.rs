@@ -163,6 +163,29 @@ async fn memory_redis_and_cluster_answer_alike() {
         "redis differs from memory"
     );
 
+    // A server reached through its Unix socket: the same answers, and the same counters
+    // as through TCP.
+    let socket = RedisServer::start_with_unix_socket();
+    let over_socket = connected_store(RedisMode::Standalone, socket.socket_url()).await;
+    assert_eq!(
+        suite(&over_socket, "suite").await,
+        expected,
+        "redis over a Unix socket differs from memory"
+    );
+    let over_tcp = connected_store(RedisMode::Standalone, socket.url()).await;
+    let shared = StoreCheck {
+        key: key("shared", "socket"),
+        limits: vec![limit(AlgorithmKind::FixedWindow, 5, 5)].into(),
+        cost: 1,
+    };
+    one(&over_socket, &shared).await;
+    let second = one(&over_tcp, &shared).await;
+    assert_eq!(
+        brief(&second[0]),
+        (true, 3, 2),
+        "one counter, by socket or TCP"
+    );
+
     let cluster = RedisCluster::start();
     let clustered = connected_store(RedisMode::Cluster, cluster.url()).await;
     assert_eq!(

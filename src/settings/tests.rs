@@ -70,3 +70,39 @@ fn bad_reference_values_are_named() {
     let error = resolve(&[], &[("GRPC_PORT", "http")]).expect_err("rejects");
     assert!(error.to_string().contains("GRPC_PORT"), "{error}");
 }
+
+#[test]
+fn redis_socket_type_matches_the_url() {
+    let unix = resolve(
+        &[],
+        &[
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_URL", "/run/redis.sock"),
+        ],
+    )
+    .expect("a socket path");
+    assert_eq!(unix.redis.url, "/run/redis.sock");
+    resolve(
+        &[],
+        &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")],
+    )
+    .expect("tcp");
+    for (kind, url) in [
+        ("unix", "redis:6379"),
+        ("tcp", "/run/redis.sock"),
+        ("udp", "redis:6379"),
+    ] {
+        let error =
+            resolve(&[], &[("REDIS_SOCKET_TYPE", kind), ("REDIS_URL", url)]).expect_err("rejects");
+        assert!(error.to_string().contains("REDIS_SOCKET_TYPE"), "{error}");
+    }
+    // A flag's URL wins over the reference's pair.
+    resolve(
+        &["--redis-url", "redis://a:6379"],
+        &[
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_URL", "/run/redis.sock"),
+        ],
+    )
+    .expect("the flag wins");
+}

@@ -44,6 +44,9 @@ fn data_dir() -> tempfile::TempDir {
         .expect("temp dir")
 }
 
+/// File name of a server's Unix socket, in its data directory.
+const SOCKET: &str = "redis.sock";
+
 /// One `redis-server` process.
 pub struct RedisServer {
     pub port: u16,
@@ -62,6 +65,14 @@ impl RedisServer {
     /// A standalone server with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
         Self::spawn(extra)
+    }
+
+    /// A standalone server that also listens on a Unix socket ([`RedisServer::socket_url`]).
+    pub fn start_with_unix_socket() -> Self {
+        let dir = data_dir();
+        let socket = dir.path().join(SOCKET).to_string_lossy().into_owned();
+        let extra = ["--unixsocket", socket.as_str(), "--unixsocketperm", "700"];
+        Self::spawn_in(dir, &extra)
     }
 
     /// A standalone server on `port` (e.g. one a Sluice server already points at).
@@ -96,7 +107,10 @@ impl RedisServer {
     }
 
     fn spawn(extra: &[&str]) -> Self {
-        let dir = data_dir();
+        Self::spawn_in(data_dir(), extra)
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
         let port = free_port();
         let child = Self::launch(port, &dir, extra);
         let server = Self {
@@ -157,6 +171,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL of its Unix socket (started by [`RedisServer::start_with_unix_socket`]).
+    pub fn socket_url(&self) -> String {
+        format!("unix://{}", self.dir.path().join(SOCKET).display())
     }
 
     /// Calls of `command` (lower case, e.g. `fcall`) since start or `CONFIG RESETSTAT`,

@@ -36,6 +36,7 @@ pub struct RedisOptions {
     /// `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds
     /// for a cluster (bare `host:port` items are accepted). For Sentinel, either a fred
     /// sentinel URL (`?sentinelServiceName=`) or the reference's `name,host:port,...`.
+    /// A Unix socket (standalone only): `unix:///path`, `redis+unix:///path`, or a path.
     pub url: String,
     /// Password, or `user:password` (the reference's `REDIS_AUTH`), for URLs without one.
     pub auth: Option<String>,
@@ -123,6 +124,9 @@ pub fn seeds(config: &Config) -> Vec<Server> {
 /// fred configuration for `options`.
 pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
     let bad = |reason: String| StoreError::Protocol(format!("redis url: {reason}"));
+    if let Some(url) = unix_socket_url(&options.url) {
+        return unix_config(&url, options);
+    }
     let scheme = if options.tls { "rediss" } else { "redis" };
     let items: Vec<String> = options
         .url
@@ -186,6 +190,44 @@ pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
             "TLS options need a rediss:// URL (or REDIS_TLS=true)".into()
         ));
     }
+    apply_auth(&mut config, options);
+    Ok(config)
+}
+
+/// fred's URL for the Unix domain socket `url` names, if it names one:
+/// `unix:///path`, `redis+unix:///path` (or `valkey+unix://`), or a bare absolute path
+/// (the reference's `REDIS_SOCKET_TYPE=unix` form).
+pub fn unix_socket_url(url: &str) -> Option<String> {
+    let url = url.trim();
+    if url.starts_with('/') {
+        Some(format!("redis+unix://{url}"))
+    } else if let Some(rest) = url.strip_prefix("unix://") {
+        Some(format!("redis+unix://{rest}"))
+    } else if url.starts_with("redis+unix://") || url.starts_with("valkey+unix://") {
+        Some(url.to_owned())
+    } else {
+        None
+    }
+}
+
+/// fred configuration for one Redis server behind the Unix socket of `url`.
+fn unix_config(url: &str, options: &RedisOptions) -> Result<Config, StoreError> {
+    let bad = |reason: &str| StoreError::Protocol(format!("redis url: {reason}"));
+    if options.mode != RedisMode::Standalone {
+        return Err(bad(
+            "a Unix socket reaches one Redis server: use it with --store redis (REDIS_TYPE=SINGLE)",
+        ));
+    }
+    if options.tls || options.tls_files.is_set() {
+        return Err(bad("TLS does not run over a Unix socket"));
+    }
+    let mut config = Config::from_url_unix(url).map_err(|e| bad(e.details()))?;
+    apply_auth(&mut config, options);
+    Ok(config)
+}
+
+/// `REDIS_AUTH` (`password` or `user:password`), where the URL names no password.
+fn apply_auth(config: &mut Config, options: &RedisOptions) {
     if config.password.is_none() {
         if let Some(auth) = &options.auth {
             match auth.split_once(':') {
@@ -197,7 +239,6 @@ pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
             }
         }
     }
-    Ok(config)
 }
 
 /// Whether a URL item asks for TLS (`rediss://`, `rediss-cluster://`, `valkeys://`...).
@@ -375,6 +416,54 @@ mod tests {
             panic!("not clustered");
         };
         assert_eq!(hosts.len(), 2);
+    }
+
+    #[test]
+    fn unix_sockets_are_named_by_path_or_scheme() {
+        let options = |mode, url: &str| RedisOptions {
+            mode,
+            url: url.into(),
+            auth: Some("pw".into()),
+            tls: false,
+            tls_files: RedisTls::default(),
+            timeout: Duration::from_millis(20),
+            batch_window: Duration::ZERO,
+            batch_max: 128,
+            queue: 1024,
+        };
+        for url in [
+            "/run/redis/redis.sock",
+            " unix:///run/redis/redis.sock",
+            "redis+unix:///run/redis/redis.sock",
+            "valkey+unix:///run/redis/redis.sock",
+        ] {
+            let config = config(&options(RedisMode::Standalone, url)).expect(url);
+            let ServerConfig::Unix { path } = &config.server else {
+                panic!("{url}: not a Unix socket: {:?}", config.server);
+            };
+            assert_eq!(path.to_str(), Some("/run/redis/redis.sock"), "{url}");
+            assert_eq!(config.password.as_deref(), Some("pw"), "{url}");
+        }
+        assert_eq!(unix_socket_url("redis://a:6379"), None);
+        assert_eq!(unix_socket_url("a:6379"), None);
+        for (mode, url) in [
+            (RedisMode::Cluster, "/run/r.sock"),
+            (RedisMode::Sentinel, "unix:///run/r.sock"),
+        ] {
+            let error = config(&options(mode, url)).err().map(|e| e.to_string());
+            let error = error.unwrap_or_default();
+            assert!(
+                error.contains("Unix socket") && error.contains("--store redis"),
+                "{error}"
+            );
+        }
+        let mut tls = options(RedisMode::Standalone, "/run/r.sock");
+        tls.tls = true;
+        let error = config(&tls)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("TLS"), "{error}");
     }
 
     #[test]

@@ -430,10 +430,12 @@ impl Settings {
         let redis_url = args.redis_url.clone().or_else(|| env("REDIS_URL"));
         if let Some(kind) = env("REDIS_SOCKET_TYPE") {
             // The reference dials REDIS_URL over this network; a flag's URL wins over both.
-            let url_is_socket = (args.redis_url.is_none())
-                .then(|| env("REDIS_URL"))
-                .flatten()
-                .map(|url| crate::store::redis::client::unix_socket_url(&url).is_some());
+            let url_is_socket = match &args.redis_url {
+                Some(_) => None,
+                None => redis_url
+                    .as_deref()
+                    .map(|url| crate::store::redis::client::unix_socket_url(url).is_some()),
+            };
             match (kind.to_ascii_lowercase().as_str(), url_is_socket) {
                 ("unix", Some(false)) => {
                     return Err(error(

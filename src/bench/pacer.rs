@@ -48,7 +48,8 @@ impl Pace {
 
     /// On the load thread: hands this thread's calls, due from `start`, to `workers` (a
     /// permit each) as they fall due, until `end`; then closes `workers` (also when the
-    /// timer fails). Returns the calls released.
+    /// timer fails). Calls released but not yet taken when it closes are not made: the
+    /// schedule was not kept. Returns the calls released.
     pub async fn dispatch(
         &self,
         ticker: &Ticker,
@@ -178,7 +179,10 @@ mod tests {
         // 40 ms at 50 000 calls/s: 2 000 calls, less what fell due after the last tick
         // (one tick: 10 calls; a slow machine may miss a few more).
         assert!((1500..=2000).contains(&released), "released {released}");
-        assert_eq!(taken, released, "every released call reached a worker");
+        // A late tick can release calls and close in one poll, before the worker runs:
+        // those stay as permits, never lost or counted twice.
+        let left = workers.available_permits() as u64;
+        assert_eq!(taken + left, released, "taken {taken}, left {left}");
         assert!(workers.is_closed());
     }
 }

@@ -224,7 +224,7 @@ impl Stack {
             assert!(
                 written.elapsed() < Duration::from_secs(1),
                 "edited rule not in force after 1 s; sluice log:\n{}",
-                sluice.log_tail()
+                sluice.log_excerpt()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -267,7 +267,7 @@ impl Stack {
             assert!(
                 Instant::now() < deadline,
                 "Envoy did not recover after Sluice restarted; envoy log:\n{}",
-                self.envoy.log_tail()
+                self.envoy.log_excerpt()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -181,7 +181,7 @@ async fn envoy_calls_sluice_over_mtls() {
         codes,
         vec![200, 200, 200, 429, 429],
         "Envoy log:\n{}",
-        envoy.log_tail()
+        envoy.log_excerpt()
     );
     assert!(stat(&client, admin, "cluster.rls.ssl.handshake").await >= 1);
     assert_eq!(

@@ -84,8 +84,8 @@ impl Envoy {
     }
 
     /// The log's last lines.
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail()
+    pub fn log_excerpt(&self) -> String {
+        self.process.log_excerpt()
     }
 }
 

@@ -12,7 +12,7 @@ pub mod common;
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The repository root.
@@ -92,18 +92,39 @@ impl Process {
         }
     }
 
-    /// Panics (with the log's tail) if the process has exited.
+    /// Panics (with the log's excerpt) if the process has exited.
     pub fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("{} exited ({status}):\n{}", self.name, self.log_tail());
+        if let Some(status) = self.exited() {
+            panic!("{} exited ({status}):\n{}", self.name, self.log_excerpt());
         }
     }
 
-    /// The last lines of the process's log.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+    /// The exit status, once the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log's first and last lines: the head holds a start-up error, which a long
+    /// backtrace after it would push out of a tail alone.
+    pub fn log_excerpt(&self) -> String {
+        const HEAD: usize = 15;
+        const TAIL: usize = 40;
+        let text = self.log();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        if lines.len() <= HEAD + TAIL {
+            return lines.join("\n");
+        }
+        let skipped = lines.len() - HEAD - TAIL;
+        format!(
+            "{}\n[… {skipped} lines …]\n{}",
+            lines[..HEAD].join("\n"),
+            lines[lines.len() - TAIL..].join("\n")
+        )
     }
 }
 
@@ -114,22 +135,41 @@ impl Drop for Process {
     }
 }
 
-/// Polls `url` until it answers 200, or panics after `timeout` with `process`'s log.
+/// Polls `url` until it answers 200, or panics after `timeout` (or when `process`
+/// exits) with `process`'s log.
 pub async fn wait_for_200(url: &str, timeout: Duration, process: &mut Process) {
+    if let Err(status) = wait_for_200_or_exit(url, timeout, process).await {
+        panic!(
+            "{} exited ({status}):\n{}",
+            process.name,
+            process.log_excerpt()
+        );
+    }
+}
+
+/// Polls `url` until it answers 200 (`Ok`) or `process` exits (`Err` with its status);
+/// panics after `timeout` with `process`'s log.
+pub async fn wait_for_200_or_exit(
+    url: &str,
+    timeout: Duration,
+    process: &mut Process,
+) -> Result<(), ExitStatus> {
     let client = reqwest::Client::new();
     let deadline = Instant::now() + timeout;
     loop {
-        process.assert_running();
+        if let Some(status) = process.exited() {
+            return Err(status);
+        }
         if let Ok(response) = client.get(url).send().await {
             if response.status() == reqwest::StatusCode::OK {
-                return;
+                return Ok(());
             }
         }
         if Instant::now() > deadline {
             panic!(
                 "{url} not 200 after {timeout:?}; {} log:\n{}",
                 process.name,
-                process.log_tail()
+                process.log_excerpt()
             );
         }
         tokio::time::sleep(Duration::from_millis(25)).await;

@@ -6,7 +6,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::common::Metrics;
-use super::{free_port, sluice_bin, wait_for_200, Process};
+use super::{free_port, sluice_bin, wait_for_200_or_exit, Process};
+
+/// Starts tried on fresh ports before a bind failure fails the test.
+const START_ATTEMPTS: usize = 3;
+/// How the OS names a port already bound, in sluice's start-up error.
+const ADDRESS_IN_USE: &str = "Address already in use";
 
 /// The counter store a suite runs against.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,12 +72,32 @@ impl Sluice {
             store,
             process: None,
         };
+        // A free port can be taken (by any process's outgoing connection) between
+        // `free_port` and sluice's bind: then it starts again on two other ports.
+        for _ in 1..START_ATTEMPTS {
+            match sluice.launch().await {
+                Ok(()) => return sluice,
+                Err(process) if process.log().contains(ADDRESS_IN_USE) => {
+                    sluice.grpc_port = free_port();
+                    sluice.http_port = free_port();
+                }
+                Err(mut process) => process.assert_running(),
+            }
+        }
         sluice.restart().await;
         sluice
     }
 
     /// Starts the process (again) on the same ports and waits until it is ready.
     pub async fn restart(&mut self) {
+        if let Err(mut process) = self.launch().await {
+            process.assert_running();
+        }
+    }
+
+    /// Starts the process on its ports and waits until it is ready; hands the process
+    /// back if it exits first.
+    async fn launch(&mut self) -> Result<(), Process> {
         assert!(self.process.is_none(), "sluice is already running");
         let mut command = Command::new(sluice_bin());
         command
@@ -87,9 +112,18 @@ impl Sluice {
             .args(["--workers", "1"])
             .args(self.store.serve_flags())
             .env("SLUICE_LOG_LEVEL", "info");
-        let mut process = Process::spawn("sluice", command, &self.logs.path().join("sluice.log"));
-        wait_for_200(&self.url("/readyz"), Duration::from_secs(10), &mut process).await;
-        self.process = Some(process);
+        let log = self.logs.path().join("sluice.log");
+        // Each start's log on its own: an earlier start's error is not this one's.
+        let _ = std::fs::remove_file(&log);
+        let mut process = Process::spawn("sluice", command, &log);
+        let ready = self.url("/readyz");
+        match wait_for_200_or_exit(&ready, Duration::from_secs(10), &mut process).await {
+            Ok(()) => {
+                self.process = Some(process);
+                Ok(())
+            }
+            Err(_) => Err(process),
+        }
     }
 
     /// Kills the process (as a crash would).
@@ -115,11 +149,11 @@ impl Sluice {
         std::fs::rename(&staged, self.config_dir.path().join(name)).expect("rename rule file");
     }
 
-    /// The log's last lines.
-    pub fn log_tail(&self) -> String {
+    /// The log's first and last lines.
+    pub fn log_excerpt(&self) -> String {
         self.process
             .as_ref()
-            .map(Process::log_tail)
+            .map(Process::log_excerpt)
             .unwrap_or_default()
     }
 }

@@ -165,7 +165,8 @@ async fn redis_killed_under_load_then_restarted_on_the_same_port() {
     // came back, and at least every OK answered by it (a closed rule's OK is Redis's).
     let after: Vec<_> = answers.iter().filter(|a| a.started >= restarted).collect();
     let admitted = after.iter().filter(|a| a.outcome == Outcome::Ok).count() as u64;
-    let charged = count_of(&redis.cli(&["get", &redis_key("closed", "load")]));
+    let charged =
+        count_of(&redis.cli(&["get", &redis_key("closed", "load")])).expect("a fixed-window count");
     assert!(
         admitted <= charged && charged <= after.len() as u64,
         "admitted {admitted}, charged {charged}, sent {}",
@@ -247,7 +248,8 @@ async fn script_and_function_flushes_are_invisible() {
         "a missing script or function surfaced"
     );
     assert_eq!(
-        count_of(&redis.cli(&["get", &redis_key("closed", "flush")])),
+        count_of(&redis.cli(&["get", &redis_key("closed", "flush")]))
+            .expect("a fixed-window count"),
         20
     );
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
@@ -288,7 +290,8 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
         "a refusal surfaced"
     );
     assert_eq!(
-        count_of(&redis.cli(&["get", &redis_key("closed", "no-functions")])),
+        count_of(&redis.cli(&["get", &redis_key("closed", "no-functions")]))
+            .expect("a fixed-window count"),
         20
     );
     assert_exact(&server, "no-functions").await;

@@ -165,13 +165,18 @@ pub fn slot(key: &str, value: &str) -> u16 {
     fred::util::redis_keyslot(redis_key(key, value).as_bytes())
 }
 
-/// The fixed-window count in a `GET` answer (`f <window start> <count>`), 0 if absent.
-pub fn count_of(get_answer: &str) -> u64 {
-    get_answer
-        .split_whitespace()
-        .nth(2)
-        .and_then(|count| count.parse().ok())
-        .unwrap_or(0)
+/// The fixed-window count in `redis-cli`'s answer to a `GET` (`f <window start>
+/// <count>`), 0 for no key; `None` for any other answer (an error, a redirect to a node
+/// that is gone), which must never read as a count.
+pub fn count_of(get_answer: &str) -> Option<u64> {
+    let answer = get_answer.trim();
+    if answer.is_empty() {
+        return Some(0);
+    }
+    match answer.split_whitespace().collect::<Vec<_>>()[..] {
+        ["f", _, count] => count.parse().ok(),
+        _ => None,
+    }
 }
 
 /// Fault tests measure latency and this process's memory: they run one at a time.

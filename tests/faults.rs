@@ -131,6 +131,12 @@ async fn status(server: &TestServer) -> serde_json::Value {
         .expect("status JSON")
 }
 
+/// The counter of `closed=value` on `redis`.
+fn counter(redis: &RedisServer, value: &str) -> u64 {
+    let answer = redis.cli(&["get", &redis_key("closed", value)]);
+    count_of(&answer).unwrap_or_else(|| panic!("no count for closed={value}: {answer:?}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_then_restarted_on_the_same_port() {
     let _serial = serial().await;
@@ -165,8 +171,7 @@ async fn redis_killed_under_load_then_restarted_on_the_same_port() {
     // came back, and at least every OK answered by it (a closed rule's OK is Redis's).
     let after: Vec<_> = answers.iter().filter(|a| a.started >= restarted).collect();
     let admitted = after.iter().filter(|a| a.outcome == Outcome::Ok).count() as u64;
-    let charged =
-        count_of(&redis.cli(&["get", &redis_key("closed", "load")])).expect("a fixed-window count");
+    let charged = counter(&redis, "load");
     assert!(
         admitted <= charged && charged <= after.len() as u64,
         "admitted {admitted}, charged {charged}, sent {}",
@@ -247,11 +252,7 @@ async fn script_and_function_flushes_are_invisible() {
         after.get(fallbacks),
         "a missing script or function surfaced"
     );
-    assert_eq!(
-        count_of(&redis.cli(&["get", &redis_key("closed", "flush")]))
-            .expect("a fixed-window count"),
-        20
-    );
+    assert_eq!(counter(&redis, "flush"), 20);
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(redis.command_calls("evalsha"), 0, "fell back to EVALSHA");
     assert_eq!(status(&server).await["store"]["lua"], "functions");
@@ -289,11 +290,7 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
         before,
         "a refusal surfaced"
     );
-    assert_eq!(
-        count_of(&redis.cli(&["get", &redis_key("closed", "no-functions")]))
-            .expect("a fixed-window count"),
-        20
-    );
+    assert_eq!(counter(&redis, "no-functions"), 20);
     assert_exact(&server, "no-functions").await;
     assert!(redis.command_calls("evalsha") > 0, "no EVALSHA sent");
     assert!(!redis.cli(&["function", "list"]).contains("sluice_"));

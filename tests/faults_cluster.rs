@@ -173,9 +173,10 @@ async fn assert_exact(server: &TestServer, value: &str) {
 /// way is an error, never a count: the read is tried again for a few seconds.
 fn counter(cluster: &RedisCluster, value: &str) -> u64 {
     let key = redis_key("closed", value);
+    let slot = slot("closed", value);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let node = &cluster.nodes[cluster.primary_of(slot("closed", value))];
+        let node = &cluster.nodes[cluster.primary_of(slot)];
         // `-c` follows an `ASK` while the slot migrates.
         let answer = node.cli(&["-c", "get", &key]);
         if let Some(count) = count_of(&answer) {

@@ -92,11 +92,9 @@ impl Process {
         }
     }
 
-    /// Panics (with the log's excerpt) if the process has exited.
-    pub fn assert_running(&mut self) {
-        if let Some(status) = self.exited() {
-            panic!("{} exited ({status}):\n{}", self.name, self.log_excerpt());
-        }
+    /// Fails the test: the process exited with `status`; shows the log's excerpt.
+    pub fn panic_exited(&self, status: ExitStatus) -> ! {
+        panic!("{} exited ({status}):\n{}", self.name, self.log_excerpt());
     }
 
     /// The exit status, once the process has exited.
@@ -139,11 +137,7 @@ impl Drop for Process {
 /// exits) with `process`'s log.
 pub async fn wait_for_200(url: &str, timeout: Duration, process: &mut Process) {
     if let Err(status) = wait_for_200_or_exit(url, timeout, process).await {
-        panic!(
-            "{} exited ({status}):\n{}",
-            process.name,
-            process.log_excerpt()
-        );
+        process.panic_exited(status);
     }
 }
 

@@ -2,7 +2,7 @@
 //! and started again where Envoy expects it.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use super::common::Metrics;
@@ -77,11 +77,11 @@ impl Sluice {
         for _ in 1..START_ATTEMPTS {
             match sluice.launch().await {
                 Ok(()) => return sluice,
-                Err(process) if process.log().contains(ADDRESS_IN_USE) => {
+                Err((process, _)) if process.log().contains(ADDRESS_IN_USE) => {
                     sluice.grpc_port = free_port();
                     sluice.http_port = free_port();
                 }
-                Err(mut process) => process.assert_running(),
+                Err((process, status)) => process.panic_exited(status),
             }
         }
         sluice.restart().await;
@@ -90,14 +90,14 @@ impl Sluice {
 
     /// Starts the process (again) on the same ports and waits until it is ready.
     pub async fn restart(&mut self) {
-        if let Err(mut process) = self.launch().await {
-            process.assert_running();
+        if let Err((process, status)) = self.launch().await {
+            process.panic_exited(status);
         }
     }
 
     /// Starts the process on its ports and waits until it is ready; hands the process
-    /// back if it exits first.
-    async fn launch(&mut self) -> Result<(), Process> {
+    /// and its exit status back if it exits first.
+    async fn launch(&mut self) -> Result<(), (Process, ExitStatus)> {
         assert!(self.process.is_none(), "sluice is already running");
         let mut command = Command::new(sluice_bin());
         command
@@ -122,7 +122,7 @@ impl Sluice {
                 self.process = Some(process);
                 Ok(())
             }
-            Err(_) => Err(process),
+            Err(status) => Err((process, status)),
         }
     }
 

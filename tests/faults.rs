@@ -264,7 +264,7 @@ async fn script_and_function_flushes_are_invisible() {
 async fn a_redis_without_functions_is_served_by_evalsha() {
     let _serial = serial().await;
     captured_log();
-    let warning = "sending EVALSHA from now on";
+    let warning = "sending EVALSHA until a node reconnects";
     let warned_before = log_lines_with(warning).len();
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
@@ -300,6 +300,98 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
         warned_before + 1,
         "one warning"
     );
+}
+
+/// The `EVALSHA` fallback lasts until Sluice connects again: once Redis takes functions
+/// (a newer version after a restart, here an ACL change) and the connections are made
+/// again, calls go as `FCALL`, the library is loaded, and every answer stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_are_tried_again_after_a_reconnect() {
+    let _serial = serial().await;
+    let redis = RedisServer::start();
+    let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
+    let lua_becomes = |wanted: &'static str| {
+        let server = &server;
+        async move {
+            let waiting = Instant::now();
+            loop {
+                let status = status(server).await;
+                if status["store"]["lua"] == wanted && status["store"]["health"] == "ok" {
+                    return;
+                }
+                assert!(
+                    waiting.elapsed() < Duration::from_secs(5),
+                    "store never became lua={wanted}: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // Connected before the first call (one before it takes the failure mode).
+    lua_becomes("functions").await;
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        let answer = call(&mut client, "closed", "reconnect", LOAD_DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
+    }
+    lua_becomes("scripts").await;
+
+    redis.cli(&[
+        "ACL",
+        "SETUSER",
+        "nofunctions",
+        "+fcall",
+        "+fcall_ro",
+        "+function",
+    ]);
+    // Every connection is made again (a call on one not yet known to be dead would
+    // fail, as it does on any dropped connection) before the calls go on.
+    let ids = || -> Vec<String> {
+        redis
+            .cli(&["CLIENT", "LIST"])
+            .lines()
+            .filter(|line| {
+                line.split_whitespace()
+                    .any(|field| field == "user=nofunctions")
+            })
+            .filter_map(|line| {
+                line.split_whitespace()
+                    .find(|field| field.starts_with("id="))
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let before = ids();
+    assert!(!before.is_empty(), "no connection of Sluice's");
+    redis.cli(&["CLIENT", "KILL", "USER", "nofunctions"]);
+    let killed = Instant::now();
+    loop {
+        let now = ids();
+        if now.len() == before.len() && now.iter().all(|id| !before.contains(id)) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "connections not made again: {before:?} then {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lua_becomes("functions").await;
+    let evalsha = redis.command_calls("evalsha");
+    for _ in 0..5 {
+        let answer = call(&mut client, "closed", "reconnect", LOAD_DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
+    }
+    assert_eq!(counter(&redis, "reconnect"), 10);
+    assert_exact(&server, "reconnect").await;
+    assert_eq!(
+        redis.command_calls("evalsha"),
+        evalsha,
+        "EVALSHA sent after the reconnect"
+    );
+    assert!(redis.command_calls("fcall") > 0, "no FCALL sent");
+    assert!(redis.cli(&["function", "list"]).contains("sluice_"));
+    assert_eq!(status(&server).await["store"]["lua"], "functions");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -318,7 +318,7 @@ async fn run_decisions(
 /// One script call on `node` (none: no node serves its slot), its reply turned into a
 /// `T` by `decode`. An answer that the node lacks the script or the function library
 /// loads it on that node and runs the call again; a node that refuses functions makes
-/// the store send `EVALSHA` from then on ([`functions`]), this call first; a MOVED answer sends it once more to the node named, and an ASK
+/// the store send `EVALSHA` until a connection is made again ([`functions`]), this call first; a MOVED answer sends it once more to the node named, and an ASK
 /// answer (its slot is being migrated) sends it there after `ASKING` on the same
 /// connection. In each case it did not run, so nothing is charged twice; every step
 /// ends by `deadline`, and a call is redirected once at most. Feeds the node's breaker,

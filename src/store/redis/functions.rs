@@ -11,8 +11,12 @@
 //! deleted (`FUNCTION DELETE`), as old scripts stay in Redis's script cache.
 //!
 //! A node that refuses functions (Redis before 7, `FCALL` or `FUNCTION LOAD` renamed or
-//! denied by an ACL, a library it does not take) makes the store send `EVALSHA` from
-//! then on, with one warning in the log; `EVALSHA` works on every version.
+//! denied by an ACL, a library it does not take) makes the store send `EVALSHA`, which
+//! works on every version, with one warning in the log. It does until a client of the
+//! store connects to a node again: a node that restarted may be a newer Redis (a rolling
+//! upgrade) or have another ACL, so calls go as `FCALL` again, and a node that still
+//! refuses sends the store back to `EVALSHA` on the first call (that call too, so it
+//! costs a round trip, never an answer).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::LazyLock;
@@ -76,11 +80,14 @@ impl Library {
 }
 
 /// How a store's calls are sent: `FCALL` until a node refuses functions, then
-/// `EVALSHA` for good (shared by every lane's batcher).
+/// `EVALSHA` until a client connects again (shared by every lane's batcher and every
+/// node's client).
 #[derive(Debug, Default)]
 pub struct Scripting {
-    /// Set once a node refused functions.
+    /// Set while calls go as `EVALSHA`.
     evalsha: AtomicBool,
+    /// Set once the fallback was logged as a warning (later ones are logged at debug).
+    warned: AtomicBool,
 }
 
 /// The way calls go at one moment (read once per step, so that what is sent and how its
@@ -126,14 +133,31 @@ impl Scripting {
         }
     }
 
-    /// Sends `EVALSHA` from now on: `node` refused functions with `reason` (logged once).
+    /// Sends `EVALSHA` from now on: `node` refused functions with `reason` (a warning
+    /// the first time, debug after).
     pub fn fall_back(&self, node: &str, reason: &str) {
-        if !self.evalsha.swap(true, Ordering::Relaxed) {
+        if self.evalsha.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if self.warned.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                node,
+                reason,
+                "redis still refuses functions: sending EVALSHA"
+            );
+        } else {
             tracing::warn!(
                 node,
                 reason,
-                "redis does not take Sluice's function library: sending EVALSHA from now on"
+                "redis does not take Sluice's function library: sending EVALSHA until a node reconnects"
             );
+        }
+    }
+
+    /// A client connected to `node` (at start or again): calls try `FCALL` again.
+    pub fn connected(&self, node: &str) {
+        if self.evalsha.swap(false, Ordering::Relaxed) {
+            tracing::info!(node, "redis connection made again: trying FCALL again");
         }
     }
 }
@@ -221,15 +245,21 @@ mod tests {
     }
 
     #[test]
-    fn falling_back_is_for_good() {
+    fn falling_back_lasts_until_a_connection() {
         let scripting = Scripting::new();
         assert_eq!(scripting.current().command(Entry::Check).0, "FCALL");
         assert_eq!(scripting.current().name(), "functions");
+        scripting.connected("node");
+        assert_eq!(scripting.current(), Lua::Functions);
         scripting.fall_back("node", "ERR unknown command 'FCALL'");
         scripting.fall_back("node", "again");
         let (command, sha) = scripting.current().command(Entry::Lease);
         assert_eq!(command, "EVALSHA");
         assert_eq!(scripting.current().name(), "scripts");
         assert_eq!(sha, Entry::Lease.sha());
+        scripting.connected("node");
+        assert_eq!(scripting.current(), Lua::Functions);
+        scripting.fall_back("node", "still refused");
+        assert_eq!(scripting.current(), Lua::Scripts);
     }
 }

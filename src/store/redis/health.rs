@@ -143,9 +143,10 @@ impl Health {
         }
     }
 
-    /// `/status` view: health and the breaker of every node of `topology`. Breakers of
-    /// nodes that left it (after a failover) are dropped here, with their gauge.
-    pub fn status(&self, topology: &Topology, connected: bool) -> StoreStatus {
+    /// `/status` view: health and the breaker of every node of `topology`, and `lua`, how
+    /// the store runs its scripts. Breakers of nodes that left the topology (after a
+    /// failover) are dropped here, with their gauge.
+    pub fn status(&self, topology: &Topology, connected: bool, lua: &'static str) -> StoreStatus {
         let now = Instant::now();
         let current = |name: &Arc<str>| topology.nodes().iter().any(|node| node.name == *name);
         let breakers = {
@@ -221,7 +222,7 @@ impl Health {
                 "window_ms": self.settings.window.as_millis() as u64,
                 "nodes": nodes,
             }),
-            lua: None,
+            lua: Some(lua),
         }
     }
 

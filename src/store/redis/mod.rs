@@ -166,7 +166,7 @@ impl Backend {
         metrics: &Arc<Metrics>,
     ) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
-            nodes: Nodes::connect(options, metrics.clone())?,
+            nodes: Nodes::connect(options, metrics.clone(), scripting.clone())?,
             health: health.clone(),
             scripting: scripting.clone(),
             timeout: options.timeout,
@@ -307,13 +307,11 @@ impl Store for RedisStore {
 
     fn status(&self) -> StoreStatus {
         let shared = &self.main.shared;
-        let status = shared
-            .health
-            .status(&shared.nodes.topology(), self.is_connected());
-        StoreStatus {
-            lua: Some(shared.scripting.current().name()),
-            ..status
-        }
+        shared.health.status(
+            &shared.nodes.topology(),
+            self.is_connected(),
+            shared.scripting.current().name(),
+        )
     }
 
     fn kind(&self) -> &'static str {

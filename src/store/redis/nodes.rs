@@ -17,13 +17,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
-use fred::prelude::{Client, ClientLike, Config, Server};
+use fred::prelude::{Client, ClientLike, Config, EventInterface, Server};
 use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 
 use super::client::{self, RedisMode, RedisOptions};
+use super::functions::Scripting;
 use super::health::log_connection_errors;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
@@ -106,12 +107,17 @@ impl Nodes {
     /// Starts the clients (in the background) and, for a cluster, the refresher; must be
     /// called inside a tokio runtime. Never waits for Redis: until a cluster's slot map
     /// is known, no slot has a node.
-    pub fn connect(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Arc<Self>, StoreError> {
+    pub fn connect(
+        options: &RedisOptions,
+        metrics: Arc<Metrics>,
+        scripting: Arc<Scripting>,
+    ) -> Result<Arc<Self>, StoreError> {
         let config = client::config(options)?;
         let factory = NodeFactory {
             config,
             options: options.clone(),
             metrics,
+            scripting,
         };
         if options.mode != RedisMode::Cluster {
             let node = factory.node(Arc::from("redis"), None)?;
@@ -260,6 +266,8 @@ struct NodeFactory {
     options: RedisOptions,
     /// Where connection errors are counted.
     metrics: Arc<Metrics>,
+    /// Told of every connection a client makes (see [`Scripting::connected`]).
+    scripting: Arc<Scripting>,
 }
 
 impl NodeFactory {
@@ -271,6 +279,12 @@ impl NodeFactory {
         };
         let client = client::connect(config, &self.options)?;
         log_connection_errors(&client, self.options.timeout, self.metrics.clone());
+        // Ends when the client is dropped, as its notifications do.
+        let scripting = self.scripting.clone();
+        let _task = client.on_reconnect(move |server| {
+            scripting.connected(&server.to_string());
+            async { Ok(()) }
+        });
         Ok(Arc::new(Node { name, client }))
     }
 }

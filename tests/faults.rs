@@ -310,22 +310,16 @@ async fn functions_are_tried_again_after_a_reconnect() {
     let _serial = serial().await;
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
+    let server = &server;
     let lua_becomes = |wanted: &'static str| {
-        let server = &server;
-        async move {
-            let waiting = Instant::now();
-            loop {
-                let status = status(server).await;
-                if status["store"]["lua"] == wanted && status["store"]["health"] == "ok" {
-                    return;
-                }
-                assert!(
-                    waiting.elapsed() < Duration::from_secs(5),
-                    "store never became lua={wanted}: {status}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
+        eventually(move || async move {
+            let status = status(server).await;
+            if status["store"]["lua"] == wanted && status["store"]["health"] == "ok" {
+                Ok(())
+            } else {
+                Err(format!("store not lua={wanted}, health ok: {status}"))
             }
-        }
+        })
     };
     // Connected before the first call (one before it takes the failure mode).
     lua_becomes("functions").await;
@@ -364,18 +358,19 @@ async fn functions_are_tried_again_after_a_reconnect() {
     let before = ids();
     assert!(!before.is_empty(), "no connection of Sluice's");
     redis.cli(&["CLIENT", "KILL", "USER", "nofunctions"]);
-    let killed = Instant::now();
-    loop {
+    eventually(|| {
         let now = ids();
-        if now.len() == before.len() && now.iter().all(|id| !before.contains(id)) {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(5),
-            "connections not made again: {before:?} then {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        let made_again = now.len() == before.len() && now.iter().all(|id| !before.contains(id));
+        let result = if made_again {
+            Ok(())
+        } else {
+            Err(format!(
+                "connections not made again: {before:?} then {now:?}"
+            ))
+        };
+        async move { result }
+    })
+    .await;
     lua_becomes("functions").await;
     let evalsha = redis.command_calls("evalsha");
     for _ in 0..5 {
@@ -383,7 +378,7 @@ async fn functions_are_tried_again_after_a_reconnect() {
         assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
     }
     assert_eq!(counter(&redis, "reconnect"), 10);
-    assert_exact(&server, "reconnect").await;
+    assert_exact(server, "reconnect").await;
     assert_eq!(
         redis.command_calls("evalsha"),
         evalsha,
@@ -391,7 +386,23 @@ async fn functions_are_tried_again_after_a_reconnect() {
     );
     assert!(redis.command_calls("fcall") > 0, "no FCALL sent");
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
-    assert_eq!(status(&server).await["store"]["lua"], "functions");
+    assert_eq!(status(server).await["store"]["lua"], "functions");
+}
+
+/// Runs `probe` every 10 ms until it gives `Ok`; after 5 s, fails with its last `Err`.
+async fn eventually<F, Fut>(mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = Instant::now();
+    loop {
+        match probe().await {
+            Ok(()) => return,
+            Err(last) => assert!(started.elapsed() < Duration::from_secs(5), "{last}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -279,13 +279,31 @@ impl NodeFactory {
         };
         let client = client::connect(config, &self.options)?;
         log_connection_errors(&client, self.options.timeout, self.metrics.clone());
-        // Ends when the client is dropped, as its notifications do.
-        let scripting = self.scripting.clone();
-        let _task = client.on_reconnect(move |server| {
-            scripting.connected(&server.to_string());
-            async { Ok(()) }
-        });
+        tokio::spawn(tell_connections(
+            client.reconnect_rx(),
+            self.scripting.clone(),
+            name.clone(),
+        ));
         Ok(Arc::new(Node { name, client }))
+    }
+}
+
+/// Tells `scripting` of every connection a node's client makes (`connections`, fred's
+/// notifications), until the client is dropped. Missed notifications (the channel
+/// lagged) were connections too. fred's own `on_reconnect` listener would stop at the
+/// first lag.
+async fn tell_connections(
+    mut connections: tokio::sync::broadcast::Receiver<Server>,
+    scripting: Arc<Scripting>,
+    node: Arc<str>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match connections.recv().await {
+            Ok(server) => scripting.connected(&server.to_string()),
+            Err(RecvError::Lagged(_)) => scripting.connected(&node),
+            Err(RecvError::Closed) => return,
+        }
     }
 }
 

@@ -270,14 +270,7 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
     // Connected before the first call, so that a failure mode could only come from the
     // refusal (a call before the connection is up takes it anyway).
-    let connecting = Instant::now();
-    while status(&server).await["store"]["health"] != "ok" {
-        assert!(
-            connecting.elapsed() < Duration::from_secs(5),
-            "not connected"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_store(&server, "functions").await;
     let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
     let before = server.metrics().await.get(fallbacks);
     let mut client = server.client().await;
@@ -311,24 +304,14 @@ async fn functions_are_tried_again_after_a_reconnect() {
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
     let server = &server;
-    let lua_becomes = |wanted: &'static str| {
-        eventually(move || async move {
-            let status = status(server).await;
-            if status["store"]["lua"] == wanted && status["store"]["health"] == "ok" {
-                Ok(())
-            } else {
-                Err(format!("store not lua={wanted}, health ok: {status}"))
-            }
-        })
-    };
     // Connected before the first call (one before it takes the failure mode).
-    lua_becomes("functions").await;
+    until_store(server, "functions").await;
     let mut client = server.client().await;
     for _ in 0..5 {
         let answer = call(&mut client, "closed", "reconnect", LOAD_DEADLINE).await;
         assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
     }
-    lua_becomes("scripts").await;
+    until_store(server, "scripts").await;
 
     redis.cli(&[
         "ACL",
@@ -371,7 +354,7 @@ async fn functions_are_tried_again_after_a_reconnect() {
         async move { result }
     })
     .await;
-    lua_becomes("functions").await;
+    until_store(server, "functions").await;
     let evalsha = redis.command_calls("evalsha");
     for _ in 0..5 {
         let answer = call(&mut client, "closed", "reconnect", LOAD_DEADLINE).await;
@@ -387,6 +370,20 @@ async fn functions_are_tried_again_after_a_reconnect() {
     assert!(redis.command_calls("fcall") > 0, "no FCALL sent");
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(status(server).await["store"]["lua"], "functions");
+}
+
+/// Waits until `/status` shows the store connected (health `ok`) and running its Lua as
+/// `lua` (`functions` or `scripts`).
+async fn until_store(server: &TestServer, lua: &'static str) {
+    eventually(|| async move {
+        let status = status(server).await;
+        if status["store"]["lua"] == lua && status["store"]["health"] == "ok" {
+            Ok(())
+        } else {
+            Err(format!("store not lua={lua}, health ok: {status}"))
+        }
+    })
+    .await;
 }
 
 /// Runs `probe` every 10 ms until it gives `Ok`; after 5 s, fails with its last `Err`.

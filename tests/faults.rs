@@ -264,7 +264,7 @@ async fn script_and_function_flushes_are_invisible() {
 async fn a_redis_without_functions_is_served_by_evalsha() {
     let _serial = serial().await;
     captured_log();
-    let warning = "sending EVALSHA until a node reconnects";
+    let warning = "sending EVALSHA until the node reconnects";
     let warned_before = log_lines_with(warning).len();
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;

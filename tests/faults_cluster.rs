@@ -2,7 +2,7 @@
 //! cluster on loopback (`cluster-node-timeout 2000`, `cluster-require-full-coverage no`):
 //! a primary killed with `kill -9` and replaced by its replica, a manual
 //! `CLUSTER FAILOVER`, a `SCRIPT FLUSH` and `FUNCTION FLUSH` on every node, and a slot moved to another
-//! primary (resharding).
+//! primary (resharding). And on 3 primaries without replicas, one that refuses functions.
 //!
 //! Each test keeps two loads running, one on a descriptor whose slot lives on the shard
 //! under fault (`affected`) and one on a slot of another shard (`healthy`), both on the
@@ -542,4 +542,79 @@ async fn a_migrating_slot_is_followed_with_asking() {
     assert_exact(&server, &fresh).await;
     let created = destination.cli(&["cluster", "countkeysinslot", &slot_text]);
     assert_eq!(created.trim(), "2", "both keys live on the importing node");
+}
+
+/// A primary that refuses functions (here an ACL; in a cluster half way through an
+/// upgrade from Redis 6, a Redis 6) is sent `EVALSHA`, alone: the other primaries keep
+/// `FCALL`, every shard's answers stay exact, and `/status` says `mixed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_without_functions_falls_back_alone() {
+    let _serial = serial().await;
+    let cluster = RedisCluster::start();
+    let refusing = &cluster.nodes[0];
+    let denied = refusing.cli(&[
+        "ACL",
+        "SETUSER",
+        "default",
+        "-fcall",
+        "-fcall_ro",
+        "-function",
+    ]);
+    assert_eq!(denied.trim(), "OK", "ACL SETUSER: {denied}");
+    let server = sluice(&cluster).await;
+
+    // One `few` value on each primary: exactly 3 of 5 calls pass on every shard.
+    let owners = slot_owners(&cluster);
+    let on = |key: &str, node: &support::redis::RedisServer| -> String {
+        (0..10_000)
+            .map(|i| format!("{key}-{i}"))
+            .find(|value| owners(slot(key, value)) == node.port)
+            .expect("a value on every primary")
+    };
+    let values: Vec<String> = cluster.nodes.iter().map(|node| on("few", node)).collect();
+    for value in &values {
+        // Once the slot map is known, every shard answers from Redis.
+        until_exact(&server, value, RECOVERY).await;
+        assert_exact(&server, value).await;
+    }
+
+    assert_eq!(refusing.command_calls("fcall"), 0, "FCALL ran where denied");
+    assert!(
+        refusing.command_calls("evalsha") > 0,
+        "no EVALSHA on the refusing primary"
+    );
+    for node in &cluster.nodes[1..] {
+        assert!(node.command_calls("fcall") > 0, "no FCALL on {}", node.port);
+        assert_eq!(
+            node.command_calls("evalsha"),
+            0,
+            "{} fell back too",
+            node.port
+        );
+    }
+    // A connection made late at start may have sent the refusing primary `FCALL` once
+    // more; its next call falls back again.
+    let mut client = server.client().await;
+    let probe = on("closed", refusing);
+    let started = Instant::now();
+    loop {
+        let answer = call(&mut client, "closed", &probe, DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
+        let status: serde_json::Value = reqwest::get(server.url("/status"))
+            .await
+            .expect("GET /status")
+            .json()
+            .await
+            .expect("status JSON");
+        if status["store"]["lua"] == "mixed" {
+            break;
+        }
+        assert!(
+            started.elapsed() < RECOVERY,
+            "after {:?}: {status}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
 }

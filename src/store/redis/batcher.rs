@@ -107,7 +107,8 @@ pub struct Shared {
     pub nodes: Arc<Nodes>,
     /// Circuit breakers, fed with every script call's outcome (shared by every lane).
     pub health: Arc<super::health::Health>,
-    /// Whether calls go as `FCALL` or `EVALSHA` (shared by every lane).
+    /// How each node's calls go, `FCALL` or `EVALSHA`, for `/status` (shared by every
+    /// lane; a call reads its node's own, [`Node::lua`]).
     pub scripting: Arc<Scripting>,
     /// Deadline of one batch's round trip.
     pub timeout: Duration,
@@ -317,10 +318,10 @@ async fn run_decisions(
 
 /// One script call on `node` (none: no node serves its slot), its reply turned into a
 /// `T` by `decode`. An answer that the node lacks the script or the function library
-/// loads it on that node and runs the call again; a node that refuses functions makes
-/// the store send `EVALSHA` until a connection is made again ([`functions`]), this call first; a MOVED answer sends it once more to the node named, and an ASK
-/// answer (its slot is being migrated) sends it there after `ASKING` on the same
-/// connection. In each case it did not run, so nothing is charged twice; every step
+/// loads it on that node and runs the call again; a node that refuses functions is sent
+/// `EVALSHA` until a connection to it is made again ([`functions`]), this call first; a
+/// MOVED answer sends it once more to the node named, and an ASK answer (its slot is
+/// being migrated) sends it there after `ASKING` on the same connection. In each case it did not run, so nothing is charged twice; every step
 /// ends by `deadline`, and a call is redirected once at most. Feeds the node's breaker,
 /// and asks for a fresh slot map when the call fails.
 pub async fn run_call<T>(
@@ -341,7 +342,7 @@ pub async fn run_call<T>(
     let result = loop {
         let attempt = match call_loading(shared, &node, call, asking, deadline).await {
             Err(Failure::NoFunctions(reason)) => {
-                shared.scripting.fall_back(&node.name, &reason);
+                node.lua.fall_back(&node.name, &reason);
                 call_loading(shared, &node, call, asking, deadline).await
             }
             other => other,
@@ -413,7 +414,7 @@ async fn call_loading(
 /// already by another lane or instance counts as loaded) or its script (`SCRIPT LOAD`).
 async fn load(shared: &Shared, node: &Node, call: &Call) -> Result<(), Failure> {
     let failed = |error: &fred::error::Error| Failure::Store(classify(error, shared.timeout));
-    if shared.scripting.current() == Lua::Scripts {
+    if node.lua.current() == Lua::Scripts {
         return match node
             .client
             .script_load::<String, _>(call.entry.script())
@@ -480,7 +481,7 @@ async fn one_call(
     };
     let client = node.client.with_options(&options);
     // No typed FCALL or EVALSHA with raw arguments: sent as a custom command.
-    let lua = shared.scripting.current();
+    let lua = node.lua.current();
     let (name, script) = lua.command(call.entry);
     let command = CustomCommand::new_static(name, ClusterHash::Custom(call.slot()), false);
     let mut args = Vec::with_capacity(1 + call.args.len());

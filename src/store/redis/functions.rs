@@ -11,15 +11,17 @@
 //! deleted (`FUNCTION DELETE`), as old scripts stay in Redis's script cache.
 //!
 //! A node that refuses functions (Redis before 7, `FCALL` or `FUNCTION LOAD` renamed or
-//! denied by an ACL, a library it does not take) makes the store send `EVALSHA`, which
-//! works on every version, with one warning in the log. It does until a client of the
-//! store connects to a node again: a node that restarted may be a newer Redis (a rolling
-//! upgrade) or have another ACL, so calls go as `FCALL` again, and a node that still
-//! refuses sends the store back to `EVALSHA` on the first call (that call too, so it
-//! costs a round trip, never an answer).
+//! denied by an ACL, a library it does not take) is sent `EVALSHA`, which works on every
+//! version, with one warning in the log; the other nodes of a cluster keep `FCALL` (a
+//! cluster half way through an upgrade from Redis 6). It is until a client connects to
+//! that node again: a node that restarted may be a newer Redis (a rolling upgrade) or
+//! have another ACL, so its calls go as `FCALL` again, and a node that still refuses goes
+//! back to `EVALSHA` on the first call (that call too, so it costs a round trip, never an
+//! answer).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use fred::types::Value;
 
@@ -79,11 +81,11 @@ impl Library {
     }
 }
 
-/// How a store's calls are sent: `FCALL` until a node refuses functions, then
-/// `EVALSHA` until a client connects again (shared by every lane's batcher and every
-/// node's client).
+/// How one node's calls are sent: `FCALL` until the node refuses functions, then
+/// `EVALSHA` until one of its clients connects again (shared by every lane's client of
+/// the node, through [`Scripting`]).
 #[derive(Debug, Default)]
-pub struct Scripting {
+pub struct NodeLua {
     /// Set while calls go as `EVALSHA`.
     evalsha: AtomicBool,
     /// Set once the fallback was logged as a warning (later ones are logged at debug).
@@ -101,14 +103,6 @@ pub enum Lua {
 }
 
 impl Lua {
-    /// `functions` or `scripts`, as `/status` reports it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Lua::Functions => "functions",
-            Lua::Scripts => "scripts",
-        }
-    }
-
     /// The command and its first argument (function name or SHA) for a call of `entry`.
     pub fn command(self, entry: Entry) -> (&'static str, &'static Value) {
         match self {
@@ -118,13 +112,8 @@ impl Lua {
     }
 }
 
-impl Scripting {
-    /// Calls go as `FCALL` until a node refuses.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How calls go now.
+impl NodeLua {
+    /// How this node's calls go now.
     pub fn current(&self) -> Lua {
         if self.evalsha.load(Ordering::Relaxed) {
             Lua::Scripts
@@ -133,7 +122,7 @@ impl Scripting {
         }
     }
 
-    /// Sends `EVALSHA` from now on: `node` refused functions with `reason` (a warning
+    /// Sends `node` `EVALSHA` from now on: it refused functions with `reason` (a warning
     /// the first time, debug after).
     pub fn fall_back(&self, node: &str, reason: &str) {
         if self.evalsha.swap(true, Ordering::Relaxed) {
@@ -149,15 +138,62 @@ impl Scripting {
             tracing::warn!(
                 node,
                 reason,
-                "redis does not take Sluice's function library: sending EVALSHA until a node reconnects"
+                "redis does not take Sluice's function library: sending EVALSHA until the node reconnects"
             );
         }
     }
 
-    /// A client connected to `node` (at start or again): calls try `FCALL` again.
+    /// A client connected to `node` (at start or again): its calls try `FCALL` again.
     pub fn connected(&self, node: &str) {
         if self.evalsha.swap(false, Ordering::Relaxed) {
             tracing::info!(node, "redis connection made again: trying FCALL again");
+        }
+    }
+}
+
+/// Every node's [`NodeLua`], by node name: each lane has its own client of a node, and
+/// all of them share the node's one. Holds only the nodes some client still has.
+#[derive(Debug, Default)]
+pub struct Scripting {
+    /// Node name → its state, while a client holds it.
+    nodes: Mutex<HashMap<Arc<str>, Weak<NodeLua>>>,
+}
+
+impl Scripting {
+    /// No node yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The state of the node named `name`, shared with every other client of it; a node
+    /// no client holds starts on `FCALL`, as a node connected again does.
+    pub fn node(&self, name: &Arc<str>) -> Arc<NodeLua> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(state) = nodes.get(name).and_then(Weak::upgrade) {
+            return state;
+        }
+        // Bounded by the nodes clients hold: the gone ones leave as a new one comes.
+        nodes.retain(|_, state| state.strong_count() > 0);
+        let state = Arc::new(NodeLua::default());
+        nodes.insert(name.clone(), Arc::downgrade(&state));
+        state
+    }
+
+    /// How calls go, as `/status` reports it: `functions` while every node is sent
+    /// `FCALL`, `scripts` while every node is sent `EVALSHA`, `mixed` between.
+    pub fn name(&self) -> &'static str {
+        let nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut functions, mut scripts) = (0, 0);
+        for state in nodes.values().filter_map(Weak::upgrade) {
+            match state.current() {
+                Lua::Functions => functions += 1,
+                Lua::Scripts => scripts += 1,
+            }
+        }
+        match (functions, scripts) {
+            (_, 0) => "functions",
+            (0, _) => "scripts",
+            _ => "mixed",
         }
     }
 }
@@ -246,20 +282,55 @@ mod tests {
 
     #[test]
     fn falling_back_lasts_until_a_connection() {
-        let scripting = Scripting::new();
-        assert_eq!(scripting.current().command(Entry::Check).0, "FCALL");
-        assert_eq!(scripting.current().name(), "functions");
-        scripting.connected("node");
-        assert_eq!(scripting.current(), Lua::Functions);
-        scripting.fall_back("node", "ERR unknown command 'FCALL'");
-        scripting.fall_back("node", "again");
-        let (command, sha) = scripting.current().command(Entry::Lease);
+        let node = NodeLua::default();
+        assert_eq!(node.current().command(Entry::Check).0, "FCALL");
+        node.connected("node");
+        assert_eq!(node.current(), Lua::Functions);
+        node.fall_back("node", "ERR unknown command 'FCALL'");
+        node.fall_back("node", "again");
+        let (command, sha) = node.current().command(Entry::Lease);
         assert_eq!(command, "EVALSHA");
-        assert_eq!(scripting.current().name(), "scripts");
         assert_eq!(sha, Entry::Lease.sha());
-        scripting.connected("node");
-        assert_eq!(scripting.current(), Lua::Functions);
-        scripting.fall_back("node", "still refused");
-        assert_eq!(scripting.current(), Lua::Scripts);
+        node.connected("node");
+        assert_eq!(node.current(), Lua::Functions);
+        node.fall_back("node", "still refused");
+        assert_eq!(node.current(), Lua::Scripts);
+    }
+
+    #[test]
+    fn each_node_falls_back_alone() {
+        let scripting = Scripting::new();
+        assert_eq!(scripting.name(), "functions");
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("10.0.0.1:6379"), Arc::from("10.0.0.2:6379"));
+        let a_lane_0 = scripting.node(&a);
+        let a_lane_1 = scripting.node(&a);
+        let b_lane_0 = scripting.node(&b);
+        a_lane_0.fall_back(&a, "ERR unknown command 'FCALL'");
+        // Every client of the refusing node sees it; the other node keeps FCALL.
+        assert_eq!(a_lane_1.current(), Lua::Scripts);
+        assert_eq!(b_lane_0.current(), Lua::Functions);
+        assert_eq!(scripting.name(), "mixed");
+        b_lane_0.fall_back(&b, "ERR unknown command 'FCALL'");
+        assert_eq!(scripting.name(), "scripts");
+        a_lane_1.connected(&a);
+        assert_eq!(a_lane_0.current(), Lua::Functions);
+        assert_eq!(scripting.name(), "mixed");
+    }
+
+    #[test]
+    fn gone_nodes_are_forgotten() {
+        let scripting = Scripting::new();
+        let gone: Arc<str> = Arc::from("10.0.0.9:6379");
+        scripting.node(&gone).fall_back(&gone, "refused");
+        // No client holds it: it neither counts nor stays, and comes back on FCALL.
+        assert_eq!(scripting.name(), "functions");
+        let held: Vec<_> = (0..100)
+            .map(|i| scripting.node(&Arc::from(format!("10.0.1.{i}:6379"))))
+            .collect();
+        assert_eq!(scripting.node(&gone).current(), Lua::Functions);
+        drop(held);
+        let _last = scripting.node(&Arc::from("10.0.2.1:6379"));
+        let kept = scripting.nodes.lock().expect("lock").len();
+        assert!(kept <= 2, "{kept} entries kept");
     }
 }

@@ -310,7 +310,7 @@ impl Store for RedisStore {
         shared.health.status(
             &shared.nodes.topology(),
             self.is_connected(),
-            shared.scripting.current().name(),
+            shared.scripting.name(),
         )
     }
 

@@ -24,7 +24,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 
 use super::client::{self, RedisMode, RedisOptions};
-use super::functions::Scripting;
+use super::functions::{NodeLua, Scripting};
 use super::health::log_connection_errors;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
@@ -51,6 +51,8 @@ pub struct Node {
     pub name: Arc<str>,
     /// Its own client (its connections are its own: a dead node does not stall others).
     pub client: Client,
+    /// How its calls are sent, shared with the other lanes' clients of the node.
+    pub lua: Arc<NodeLua>,
 }
 
 /// Which node serves each slot, at one moment.
@@ -266,7 +268,8 @@ struct NodeFactory {
     options: RedisOptions,
     /// Where connection errors are counted.
     metrics: Arc<Metrics>,
-    /// Told of every connection a client makes (see [`Scripting::connected`]).
+    /// Where each node's [`NodeLua`] comes from (told of every connection its client
+    /// makes, see [`NodeLua::connected`]).
     scripting: Arc<Scripting>,
 }
 
@@ -279,29 +282,29 @@ impl NodeFactory {
         };
         let client = client::connect(config, &self.options)?;
         log_connection_errors(&client, self.options.timeout, self.metrics.clone());
+        let lua = self.scripting.node(&name);
         tokio::spawn(tell_connections(
             client.reconnect_rx(),
-            self.scripting.clone(),
+            lua.clone(),
             name.clone(),
         ));
-        Ok(Arc::new(Node { name, client }))
+        Ok(Arc::new(Node { name, client, lua }))
     }
 }
 
-/// Tells `scripting` of every connection a node's client makes (`connections`, fred's
+/// Tells `lua` of every connection the client of `node` makes (`connections`, fred's
 /// notifications), until the client is dropped. Missed notifications (the channel
 /// lagged) were connections too. fred's own `on_reconnect` listener would stop at the
 /// first lag.
 async fn tell_connections(
     mut connections: tokio::sync::broadcast::Receiver<Server>,
-    scripting: Arc<Scripting>,
+    lua: Arc<NodeLua>,
     node: Arc<str>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match connections.recv().await {
-            Ok(server) => scripting.connected(&server.to_string()),
-            Err(RecvError::Lagged(_)) => scripting.connected(&node),
+            Ok(_) | Err(RecvError::Lagged(_)) => lua.connected(&node),
             Err(RecvError::Closed) => return,
         }
     }

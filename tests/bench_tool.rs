@@ -6,8 +6,9 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sluice::bench::{self, BenchArgs, BenchError, Report};
@@ -157,17 +158,23 @@ impl RateLimitService for DeadlineRecorder {
     }
 }
 
-/// The deadlines the calls of `flags` carried to a recording server.
-async fn deadlines_of(flags: &str) -> Vec<Option<Duration>> {
-    let recorder = DeadlineRecorder::default();
-    // Listening before the bench starts: no connection can race the server's start.
+/// Serves `service` on a loopback port, listening before this returns (no connection
+/// can race the server's start); its address.
+fn serve(service: impl RateLimitService) -> SocketAddr {
     let incoming = TcpIncoming::bind(([127, 0, 0, 1], 0).into()).expect("bind");
     let target = incoming.local_addr().expect("local address");
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(recorder.clone()))
+            .add_service(RateLimitServiceServer::new(service))
             .serve_with_incoming(incoming),
     );
+    target
+}
+
+/// The deadlines the calls of `flags` carried to a recording server.
+async fn deadlines_of(flags: &str) -> Vec<Option<Duration>> {
+    let recorder = DeadlineRecorder::default();
+    let target = serve(recorder.clone());
     let report = run(bench_args(&format!("--target {target} {flags}")))
         .await
         .expect("bench runs");
@@ -192,4 +199,48 @@ async fn every_call_carries_the_grpc_timeout_it_is_given() {
         "{:?}",
         &none[..none.len().min(5)]
     );
+}
+
+/// An RLS server that holds every call until `stall` after the first one arrived, then
+/// answers OK at once: a load generator held up in its warm-up.
+struct Stalling {
+    first: OnceLock<Instant>,
+    stall: Duration,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Stalling {
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let until = *self.first.get_or_init(Instant::now) + self.stall;
+        tokio::time::sleep_until(until.into()).await;
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: 1,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The calls due in the warm-up are the warm-up's, even when a stall makes them start
+/// after it: at 500 calls/s, 1 s measured after a warm-up the server stalls through,
+/// about 500 calls count, not those plus the ~250 the warm-up owed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_due_in_the_warmup_never_count_when_they_start_late() {
+    let target = serve(Stalling {
+        first: OnceLock::new(),
+        stall: Duration::from_millis(490),
+    });
+    let report = run(bench_args(&format!(
+        "--target {target} --threads 2 --connections 2 --concurrency 64 \
+         --rate 500 --duration 1s --warmup 500ms"
+    )))
+    .await
+    .expect("bench runs");
+    assert!(
+        (450..=550).contains(&report.requests),
+        "500 calls due in the measured second: {report:?}"
+    );
+    assert!(report.errors == 0, "{report:?}");
 }

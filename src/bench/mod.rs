@@ -16,6 +16,7 @@ pub mod pacer;
 pub mod report;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -318,7 +319,7 @@ impl Share {
                 let mut worker = self.worker(index, clients, maker, &tally);
                 tokio::spawn(async move {
                     while Instant::now() < timeline.end {
-                        worker.call(timeline.measure_from).await;
+                        worker.call(|sent| sent >= timeline.measure_from).await;
                     }
                 })
             })
@@ -329,7 +330,10 @@ impl Share {
 
     /// Calls started as `pace` releases them on `ticker`'s ticks, taken by whichever
     /// of the `concurrency` workers is free. Latency runs from the call's start; a
-    /// schedule the workers cannot keep shows as a lower measured rate.
+    /// schedule the workers cannot keep shows as a lower measured rate. The calls due
+    /// in the warm-up are its own even when they start after it (a load thread that
+    /// fell behind then): the measured calls are those due from `measure_from` on, so a
+    /// late warm-up never adds a burst to the measured rate.
     async fn open_loop(
         &self,
         clients: &[Client],
@@ -341,14 +345,20 @@ impl Share {
         // Handed out on this thread: a released call wakes a worker without a syscall.
         let calls = Arc::new(Semaphore::new(0));
         let tally = SharedTally::default();
+        // Calls are released in the order they fall due and taken in the order released
+        // (the semaphore is fair): the k-th taken is this thread's k-th due.
+        let warmup_calls = pace.due_after(timeline.measure_from - timeline.start);
+        let taken = Arc::new(AtomicU64::new(0));
         let workers: Vec<_> = (0..self.concurrency)
             .map(|index| {
                 let mut worker = self.worker(index, clients, maker, &tally);
                 let calls = calls.clone();
+                let taken = taken.clone();
                 tokio::spawn(async move {
                     while let Ok(permit) = calls.acquire().await {
                         permit.forget();
-                        worker.call(timeline.measure_from).await;
+                        let measured = taken.fetch_add(1, Ordering::Relaxed) >= warmup_calls;
+                        worker.call(|_| measured).await;
                     }
                 })
             })
@@ -381,15 +391,15 @@ struct Worker {
 }
 
 impl Worker {
-    /// Makes one call; counts it if it started at or after `measure_from`.
-    async fn call(&mut self, measure_from: Instant) {
+    /// Makes one call; counts it if `counted` says so of the instant it was sent.
+    async fn call(&mut self, counted: impl FnOnce(Instant) -> bool) {
         let mut request = tonic::Request::new(self.maker.request(self.maker.key(&mut self.rng)));
         if let Some(timeout) = self.grpc_timeout {
             request.set_timeout(timeout);
         }
         let sent = Instant::now();
         let result = self.client.should_rate_limit(request).await;
-        if sent >= measure_from {
+        if counted(sent) {
             let latency = sent.elapsed();
             let code = result.as_ref().map(|r| r.get_ref().overall_code);
             self.tally

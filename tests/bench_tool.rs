@@ -139,6 +139,14 @@ fn more_threads_than_connections_is_refused() {
     assert!(matches!(error, BenchError::Settings(_)), "{error}");
 }
 
+/// An OK answer (overall code 1).
+fn answer_ok() -> tonic::Response<RateLimitResponse> {
+    tonic::Response::new(RateLimitResponse {
+        overall_code: 1,
+        ..Default::default()
+    })
+}
+
 /// An RLS server that answers OK and keeps each call's `grpc-timeout` (None: absent).
 #[derive(Clone, Default)]
 struct DeadlineRecorder(Arc<Mutex<Vec<Option<Duration>>>>);
@@ -151,10 +159,7 @@ impl RateLimitService for DeadlineRecorder {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let timeout = grpc_timeout(request.metadata());
         self.0.lock().expect("recorder").push(timeout);
-        Ok(tonic::Response::new(RateLimitResponse {
-            overall_code: 1,
-            ..Default::default()
-        }))
+        Ok(answer_ok())
     }
 }
 
@@ -216,10 +221,7 @@ impl RateLimitService for Stalling {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let until = *self.first.get_or_init(Instant::now) + self.stall;
         tokio::time::sleep_until(until.into()).await;
-        Ok(tonic::Response::new(RateLimitResponse {
-            overall_code: 1,
-            ..Default::default()
-        }))
+        Ok(answer_ok())
     }
 }
 

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time;
 
 use super::client::{classify, is_noscript, redirect_of, Redirect};
-use super::functions::{self, Lua, Scripting, LIBRARY};
+use super::functions::{self, Lua, LIBRARY};
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
@@ -107,9 +107,6 @@ pub struct Shared {
     pub nodes: Arc<Nodes>,
     /// Circuit breakers, fed with every script call's outcome (shared by every lane).
     pub health: Arc<super::health::Health>,
-    /// How each node's calls go, `FCALL` or `EVALSHA`, for `/status` (shared by every
-    /// lane; a call reads its node's own, [`Node::lua`]).
-    pub scripting: Arc<Scripting>,
     /// Deadline of one batch's round trip.
     pub timeout: Duration,
     /// Longest wait for more jobs.
@@ -321,9 +318,10 @@ async fn run_decisions(
 /// loads it on that node and runs the call again; a node that refuses functions is sent
 /// `EVALSHA` until a connection to it is made again ([`functions`]), this call first; a
 /// MOVED answer sends it once more to the node named, and an ASK answer (its slot is
-/// being migrated) sends it there after `ASKING` on the same connection. In each case it did not run, so nothing is charged twice; every step
-/// ends by `deadline`, and a call is redirected once at most. Feeds the node's breaker,
-/// and asks for a fresh slot map when the call fails.
+/// being migrated) sends it there after `ASKING` on the same connection. In each case
+/// it did not run, so nothing is charged twice; every step ends by `deadline`, and a
+/// call is redirected once at most. Feeds the node's breaker, and asks for a fresh slot
+/// map when the call fails.
 pub async fn run_call<T>(
     shared: &Shared,
     node: Option<Arc<Node>>,

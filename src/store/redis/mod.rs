@@ -50,6 +50,9 @@ pub struct RedisStore {
     lanes: Vec<Backend>,
     /// Deployment kind, for [`Store::kind`].
     mode: RedisMode,
+    /// Every node's `FCALL` or `EVALSHA` state, which every backend's clients share
+    /// (read here for `/status`).
+    scripting: Arc<functions::Scripting>,
 }
 
 /// One runtime's batcher and clients.
@@ -94,6 +97,7 @@ impl RedisStore {
             main,
             lanes,
             mode: options.mode,
+            scripting,
         })
     }
 
@@ -168,7 +172,6 @@ impl Backend {
         let shared = Arc::new(Shared {
             nodes: Nodes::connect(options, metrics.clone(), scripting.clone())?,
             health: health.clone(),
-            scripting: scripting.clone(),
             timeout: options.timeout,
             window: options.batch_window,
             max: options.batch_max.max(1),
@@ -310,7 +313,7 @@ impl Store for RedisStore {
         shared.health.status(
             &shared.nodes.topology(),
             self.is_connected(),
-            shared.scripting.name(),
+            self.scripting.name(),
         )
     }
 

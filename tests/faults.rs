@@ -17,7 +17,7 @@ use support::fault::{
     rss_kib, serial, Load, Outcome, RULES,
 };
 use support::redis::{free_port, RedisServer};
-use support::TestServer;
+use support::{eventually, TestServer};
 
 /// `--redis-timeout`: above the 20 ms default so that a debug build on a loaded shared
 /// machine does not time out on a healthy Redis; a 20 ms caller deadline still bounds
@@ -122,15 +122,6 @@ async fn assert_failure_modes(server: &TestServer, deadline: Duration, local_val
     assert_eq!(local[5..], [Outcome::Over, Outcome::Over]);
 }
 
-async fn status(server: &TestServer) -> serde_json::Value {
-    reqwest::get(server.url("/status"))
-        .await
-        .expect("GET /status")
-        .json()
-        .await
-        .expect("status JSON")
-}
-
 /// The counter of `closed=value` on `redis`.
 fn counter(redis: &RedisServer, value: &str) -> u64 {
     let answer = redis.cli(&["get", &redis_key("closed", value)]);
@@ -151,7 +142,7 @@ async fn redis_killed_under_load_then_restarted_on_the_same_port() {
     redis.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_failure_modes(&server, DEADLINE, "kill").await;
-    let during = status(&server).await;
+    let during = server.status().await;
     assert_eq!(during["store"]["health"], "down", "{during}");
     // Open, or half-open while one probe is out.
     assert_ne!(during["store"]["breaker"]["state"], "closed", "{during}");
@@ -189,7 +180,7 @@ async fn redis_killed_under_load_then_restarted_on_the_same_port() {
         "calls fell back after recovery: {late_refusals:?}"
     );
     assert_exact(&server, "after-kill").await;
-    let healed = status(&server).await;
+    let healed = server.status().await;
     assert_eq!(healed["store"]["health"], "ok", "{healed}");
     assert_eq!(healed["store"]["breaker"]["state"], "closed", "{healed}");
     let metrics = server.metrics().await;
@@ -214,7 +205,7 @@ async fn starts_without_redis_and_uses_it_when_it_appears() {
     assert_failure_modes(&server, DEADLINE, "startup").await;
     let ready = reqwest::get(server.url("/readyz")).await.expect("readyz");
     assert_eq!(ready.status(), 200);
-    assert_eq!(status(&server).await["store"]["health"], "down");
+    assert_eq!(server.status().await["store"]["health"], "down");
 
     let redis = RedisServer::start_on(port);
     let recovered = until_exact(&server, Duration::from_secs(2)).await;
@@ -255,7 +246,7 @@ async fn script_and_function_flushes_are_invisible() {
     assert_eq!(counter(&redis, "flush"), 20);
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(redis.command_calls("evalsha"), 0, "fell back to EVALSHA");
-    assert_eq!(status(&server).await["store"]["lua"], "functions");
+    assert_eq!(server.status().await["store"]["lua"], "functions");
 }
 
 /// A Redis that refuses functions (before 7, or an ACL written for `EVALSHA`) is served
@@ -287,7 +278,7 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
     assert_exact(&server, "no-functions").await;
     assert!(redis.command_calls("evalsha") > 0, "no EVALSHA sent");
     assert!(!redis.cli(&["function", "list"]).contains("sluice_"));
-    assert_eq!(status(&server).await["store"]["lua"], "scripts");
+    assert_eq!(server.status().await["store"]["lua"], "scripts");
     assert_eq!(
         log_lines_with(warning).len(),
         warned_before + 1,
@@ -369,14 +360,14 @@ async fn functions_are_tried_again_after_a_reconnect() {
     );
     assert!(redis.command_calls("fcall") > 0, "no FCALL sent");
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
-    assert_eq!(status(server).await["store"]["lua"], "functions");
+    assert_eq!(server.status().await["store"]["lua"], "functions");
 }
 
 /// Waits until `/status` shows the store connected (health `ok`) and running its Lua as
 /// `lua` (`functions` or `scripts`).
 async fn until_store(server: &TestServer, lua: &'static str) {
     eventually(|| async move {
-        let status = status(server).await;
+        let status = server.status().await;
         if status["store"]["lua"] == lua && status["store"]["health"] == "ok" {
             Ok(())
         } else {
@@ -384,22 +375,6 @@ async fn until_store(server: &TestServer, lua: &'static str) {
         }
     })
     .await;
-}
-
-/// Runs `probe` every 10 ms until it gives `Ok`; after 5 s, fails with its last `Err`.
-async fn eventually<F, Fut>(mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let started = Instant::now();
-    loop {
-        match probe().await {
-            Ok(()) => return,
-            Err(last) => assert!(started.elapsed() < Duration::from_secs(5), "{last}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@ use support::fault::{
     RULES,
 };
 use support::redis::RedisCluster;
-use support::TestServer;
+use support::{eventually, TestServer};
 
 /// `--redis-timeout`: 10 to 35 times the healthy slot's p99 (4–15 ms, a debug build
 /// beside six Redis nodes on two cores). At 50 ms, a stall of one healthy primary or of
@@ -594,27 +594,18 @@ async fn a_primary_without_functions_falls_back_alone() {
     }
     // A connection made late at start may have sent the refusing primary `FCALL` once
     // more; its next call falls back again.
-    let mut client = server.client().await;
-    let probe = on("closed", refusing);
-    let started = Instant::now();
-    loop {
-        let answer = call(&mut client, "closed", &probe, DEADLINE).await;
+    let client = tokio::sync::Mutex::new(server.client().await);
+    let (running, client, probe) = (&server, &client, &on("closed", refusing));
+    eventually(|| async move {
+        let answer = call(&mut *client.lock().await, "closed", probe, DEADLINE).await;
         assert_eq!(answer.outcome, Outcome::Ok, "{answer:?}");
-        let status: serde_json::Value = reqwest::get(server.url("/status"))
-            .await
-            .expect("GET /status")
-            .json()
-            .await
-            .expect("status JSON");
+        let status = running.status().await;
         if status["store"]["lua"] == "mixed" {
-            break;
+            Ok(())
+        } else {
+            Err(format!("store.lua not mixed: {status}"))
         }
-        assert!(
-            started.elapsed() < RECOVERY,
-            "after {:?}: {status}",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     server.stop().await;
 }

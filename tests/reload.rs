@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sluice::proto::common::rate_limit_descriptor::Entry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_response::Code;
@@ -85,15 +84,6 @@ async fn start(files: &[(&str, String)]) -> TestServer {
     TestServer::start(&files, &[], WATCH_ONLY).await
 }
 
-async fn status(server: &TestServer) -> Value {
-    reqwest::get(server.url("/status"))
-        .await
-        .expect("GET /status")
-        .json()
-        .await
-        .expect("status JSON")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_in_place() {
     let server = start(&[("rules.yaml", rules("a", 10))]).await;
@@ -166,7 +156,7 @@ async fn kubelet_configmap_swaps() {
     let since = Instant::now();
     expect_served(&server, "a", Some(3101), since).await;
     expect_served(&server, "b", Some(3102), since).await;
-    let status = status(&server).await;
+    let status = server.status().await;
     assert_eq!(status["last_reload"]["result"], "success", "{status}");
     server.stop().await;
 }
@@ -287,7 +277,7 @@ async fn bad_edits_keep_the_old_rules_serving() {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let status = status(&server).await;
+        let status = server.status().await;
         let last = &status["last_reload"];
         assert_eq!(last["result"], "error", "{what}: {status}");
         let error = &last["errors"][0];
@@ -316,7 +306,7 @@ async fn bad_edits_keep_the_old_rules_serving() {
     let since = Instant::now();
     server.write_config("rules.yaml", &rules("a", 2000));
     expect_served(&server, "a", Some(2000), since).await;
-    assert_eq!(status(&server).await["last_reload"]["result"], "success");
+    assert_eq!(server.status().await["last_reload"]["result"], "success");
 
     running.store(false, Ordering::SeqCst);
     caller.await.expect("caller task");

@@ -108,6 +108,16 @@ impl TestServer {
         fetch_metrics(&self.url("/metrics")).await
     }
 
+    /// The admin port's `/status` document.
+    pub async fn status(&self) -> serde_json::Value {
+        reqwest::get(self.url("/status"))
+            .await
+            .expect("GET /status")
+            .json()
+            .await
+            .expect("status JSON")
+    }
+
     pub fn write_config(&self, name: &str, text: &str) {
         write_file(self.config_dir.path(), name, text);
     }
@@ -345,4 +355,20 @@ pub fn exclusions() -> HashMap<String, String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance_exclusions.yaml");
     let text = std::fs::read_to_string(path).expect("read conformance_exclusions.yaml");
     serde_saphyr::from_str(&text).expect("parse conformance_exclusions.yaml")
+}
+
+/// Runs `probe` every 10 ms until it gives `Ok`; after 5 s, fails with its last `Err`.
+pub async fn eventually<F, Fut>(mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = Instant::now();
+    loop {
+        match probe().await {
+            Ok(()) => return,
+            Err(last) => assert!(started.elapsed() < Duration::from_secs(5), "{last}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

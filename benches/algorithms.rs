@@ -70,10 +70,24 @@ fn key_encoding(c: &mut Criterion) {
         },
     ];
     group.bench_function("encode_1_entry", |b| {
-        b.iter(|| black_box(CounterKey::new(black_box("bench"), &one, &[])))
+        b.iter(|| {
+            black_box(CounterKey::new(
+                black_box("bench"),
+                &one,
+                &[],
+                [(AlgorithmKind::FixedWindow, 60_000_000)],
+            ))
+        })
     });
     group.bench_function("encode_4_entries", |b| {
-        b.iter(|| black_box(CounterKey::new(black_box("bench"), &four, &[])))
+        b.iter(|| {
+            black_box(CounterKey::new(
+                black_box("bench"),
+                &four,
+                &[],
+                [(AlgorithmKind::FixedWindow, 60_000_000)],
+            ))
+        })
     });
     group.finish();
 }

@@ -75,7 +75,7 @@ async fn scenarios() {
 }
 
 async fn run_scenario(case: Value, configs: std::path::PathBuf) -> Result<(), String> {
-    wait_for_minute_start().await;
+    support::early_in_minute(Duration::from_secs(15)).await;
     let placeholders: Vec<(String, String)> = case["placeholders"]
         .as_object()
         .map(|map| {
@@ -173,27 +173,10 @@ async fn run_scenario(case: Value, configs: std::path::PathBuf) -> Result<(), St
     Ok(())
 }
 
-/// Scenario calls must fall in one minute window: start early in a minute.
-async fn wait_for_minute_start() {
-    let seconds_into_minute = SystemClockSeconds::now() % 60;
-    if seconds_into_minute > 45 {
-        tokio::time::sleep(Duration::from_secs(61 - seconds_into_minute)).await;
-    }
-}
-
-struct SystemClockSeconds;
-
-impl SystemClockSeconds {
-    fn now() -> u64 {
-        use sluice::clock::{Clock, SystemClock};
-        SystemClock::new().now() / MICROS_PER_SECOND
-    }
-}
-
 fn rand_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(SystemClockSeconds::now());
+    hasher.write_u64(support::unix_seconds());
     hasher.finish()
 }
 
@@ -264,7 +247,12 @@ impl Harness {
             .map(|(key, value)| Entry { key, value })
             .collect();
         let check = StoreCheck {
-            key: CounterKey::new(domain, &borrowed, &[]),
+            key: CounterKey::new(
+                domain,
+                &borrowed,
+                &[],
+                [(AlgorithmKind::FixedWindow, unit.micros())],
+            ),
             limits: vec![LimitCheck {
                 algorithm: AlgorithmKind::FixedWindow,
                 quota: Quota {

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use sluice::algorithm::Decision;
 use sluice::clock::ManualClock;
-use sluice::limiter::{CheckRequest, Descriptor, Limiter, LimiterSettings, Verdict};
+use sluice::limiter::{store_check, CheckRequest, Descriptor, Limiter, LimiterSettings, Verdict};
 use sluice::rules::{ConfigFile, Entry, LoadOptions, Lookup, Rules};
 use sluice::store::memory::MemoryStore;
-use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
+use sluice::store::Store;
 use sluice::telemetry::{LayerLabel, Metrics};
 
 const ALGORITHMS: [&str; 5] = [
@@ -113,19 +113,7 @@ async fn local_layers_only_refuse_what_the_store_refuses() {
             let Lookup::Matched(matched) = rules.lookup("h", &entries, None) else {
                 panic!("{key} matches");
             };
-            let check = StoreCheck {
-                key: CounterKey::new("h", &entries, &[]),
-                limits: matched
-                    .rule
-                    .limits
-                    .iter()
-                    .map(|l| LimitCheck {
-                        algorithm: l.algorithm,
-                        quota: l.quota(),
-                    })
-                    .collect(),
-                cost,
-            };
+            let check = store_check("h", &entries, &matched, cost);
             let mut peeked: Vec<Decision> = Vec::new();
             store.peek(&check, &mut peeked).await.expect("peek");
             let store_admits = peeked.iter().all(|d| d.allowed);

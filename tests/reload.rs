@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use sluice::proto::common::rate_limit_descriptor::Entry;
 use sluice::proto::common::RateLimitDescriptor;
+use sluice::proto::rls::rate_limit_response::rate_limit::Unit;
 use sluice::proto::rls::rate_limit_response::Code;
 use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
 use support::TestServer;
@@ -343,5 +344,44 @@ async fn counters_survive_a_limit_change() {
     assert_eq!(status.limit_remaining, 3, "5 used of the new limit 8");
     let next = call(&server, request("a", "alice", None)).await;
     assert_eq!(next.statuses[0].limit_remaining, 2);
+    server.stop().await;
+}
+
+/// A rule whose unit changes counts afresh in windows of the new unit (the reference's
+/// key holds the unit's window start), never in the state of the old unit's window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_unit_counts_afresh() {
+    let minute = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let day = minute.replace("minute", "day");
+    let server = start(&[("rules.yaml", minute.to_owned())]).await;
+    for _ in 0..3 {
+        call(&server, request("a", "alice", None)).await;
+    }
+    let since = Instant::now();
+    server.write_config("rules.yaml", &day);
+    loop {
+        let peek = call(&server, request("a", "alice", Some(0))).await;
+        let status = &peek.statuses[0];
+        let unit = status.current_limit.as_ref().map(|limit| limit.unit);
+        if unit == Some(Unit::Day as i32) {
+            assert_eq!(
+                status.limit_remaining, 5,
+                "nothing used in the day's window"
+            );
+            // Aligned to the day, as a fresh fixed window is: what is left of today.
+            let seconds_into_day = support::unix_seconds() % 86_400;
+            let reset = status.duration_until_reset.as_ref().expect("reset").seconds;
+            assert!(
+                (reset - (86_400 - seconds_into_day as i64)).abs() <= 2,
+                "reset {reset} s, {seconds_into_day} s into the day"
+            );
+            break;
+        }
+        assert!(
+            since.elapsed() < DEADLINE,
+            "day rule not served within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.stop().await;
 }

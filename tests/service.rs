@@ -5,10 +5,11 @@ mod support;
 
 use std::time::Duration;
 
-use sluice::proto::common::rate_limit_descriptor::Entry;
+use sluice::proto::common::rate_limit_descriptor::{Entry, RateLimitOverride};
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_response::Code;
 use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
+use sluice::proto::types::RateLimitUnit;
 use support::TestServer;
 use tokio_stream::StreamExt;
 use tonic::Code as GrpcCode;
@@ -414,5 +415,63 @@ async fn grpc_reflection_lists_and_describes_the_services() {
         panic!("unexpected answer {second:?}");
     };
     assert!(!files.file_descriptor_proto.is_empty());
+    server.stop().await;
+}
+
+/// `fixed` (3 a minute) with the request's limit override `limit` per `unit`.
+fn overridden(requests_per_unit: u32, unit: RateLimitUnit) -> RateLimitRequest {
+    let mut request = request(&[("fixed", "override-user")]);
+    request.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit,
+        unit: unit as i32,
+    });
+    request
+}
+
+/// A request's limit override with another unit than the rule counts apart from it (as
+/// the reference, whose key holds the unit's window), so neither empties nor resets the
+/// other; an override with the rule's unit shares its counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_of_another_unit_counts_apart() {
+    let server = start().await;
+    // Every call in one minute's window.
+    support::early_in_minute(Duration::from_secs(3)).await;
+    let rule = || request(&[("fixed", "override-user")]);
+    let remaining = |response: &RateLimitResponse| response.statuses[0].limit_remaining;
+    for expected in [2, 1] {
+        assert_eq!(
+            remaining(&call(&server, rule()).await.expect("rule")),
+            expected
+        );
+    }
+    let second = call(&server, overridden(100, RateLimitUnit::Second))
+        .await
+        .expect("override");
+    assert_eq!(second.overall_code, OK);
+    assert_eq!(remaining(&second), 99, "a second's window of its own");
+    let hour = call(&server, overridden(100, RateLimitUnit::Hour))
+        .await
+        .expect("override");
+    assert_eq!(remaining(&hour), 99, "an hour's window of its own");
+    let last = call(&server, rule()).await.expect("rule");
+    assert_eq!(
+        (last.overall_code, remaining(&last)),
+        (OK, 0),
+        "the rule's count kept"
+    );
+    let reset = last.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("reset");
+    assert!(reset.seconds <= 60, "still the minute's window: {reset:?}");
+    // The rule's unit: the same counter (3 used), under the override's number.
+    let minute = call(&server, overridden(10, RateLimitUnit::Minute))
+        .await
+        .expect("override");
+    assert_eq!(remaining(&minute), 6, "3 + 1 used of 10");
+    assert_eq!(
+        call(&server, rule()).await.expect("rule").overall_code,
+        OVER
+    );
     server.stop().await;
 }

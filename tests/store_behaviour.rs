@@ -32,7 +32,7 @@ fn limit(algorithm: AlgorithmKind, limit: u64, burst: u64) -> LimitCheck {
 }
 
 fn key(domain: &str, value: &str) -> CounterKey {
-    CounterKey::new(domain, &[Entry { key: "k", value }], &[])
+    CounterKey::new(domain, &[Entry { key: "k", value }], &[], [])
 }
 
 /// What the suite records of a decision: the time-independent fields.
@@ -215,6 +215,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
             value: "alice_path_/login",
         }],
         &[],
+        [],
     );
     let split = CounterKey::new(
         "d",
@@ -229,6 +230,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
             },
         ],
         &[],
+        [],
     );
     assert_ne!(limit_key(joined, 0), limit_key(split, 0));
     let limits: Arc<[LimitCheck]> = vec![limit(AlgorithmKind::FixedWindow, 3, 3)].into();

@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use crate::algorithm::Decision;
-use crate::limiter::{CheckRequest, Limiter};
+use crate::limiter::{store_check, CheckRequest, Limiter};
 use crate::rules::{Lookup, Rules};
-use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
+use crate::store::{Store, StoreError};
 
 /// What applies to one descriptor, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -169,21 +169,14 @@ pub async fn explain<S: Store>(
             explanation.outcome = "replaced";
         } else {
             explanation.outcome = "limited";
-            let key = CounterKey::new(request.domain, &descriptor.entries, &matched.share_patterns);
-            explanation.counter_key = Some(key.hex());
+            let check = store_check(
+                request.domain,
+                &descriptor.entries,
+                &matched,
+                explanation.cost,
+            );
+            explanation.counter_key = Some(check.key.hex());
             if let Some(store) = store {
-                let check = StoreCheck {
-                    key,
-                    limits: rule
-                        .limits
-                        .iter()
-                        .map(|limit| LimitCheck {
-                            algorithm: limit.algorithm,
-                            quota: limit.quota(),
-                        })
-                        .collect(),
-                    cost: explanation.cost,
-                };
                 let mut decisions = Vec::new();
                 store.peek(&check, &mut decisions).await?;
                 explanation.would_decide = decisions.into_iter().map(DecisionView::from).collect();

@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
-use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Rule, RuleRef, Rules};
+use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::BlockedCache;
@@ -54,6 +54,35 @@ pub struct CheckRequest<'a> {
     pub descriptors: Vec<Descriptor<'a>>,
     /// Request-level hits addend; 0 means 1.
     pub hits_addend: u64,
+}
+
+/// The store check of a descriptor matched to `matched`: its counter key (domain,
+/// entries or share patterns, and each limit's algorithm and window) and its limits.
+/// The one place a key is made, so every layer and `explain` name the same counters.
+pub fn store_check(
+    domain: &str,
+    entries: &[Entry<'_>],
+    matched: &Matched<'_>,
+    cost: u64,
+) -> StoreCheck {
+    let limits: Arc<[LimitCheck]> = matched
+        .rule
+        .limits
+        .iter()
+        .map(|limit| LimitCheck {
+            algorithm: limit.algorithm,
+            quota: limit.quota(),
+        })
+        .collect();
+    let key = CounterKey::new(
+        domain,
+        entries,
+        &matched.share_patterns,
+        limits
+            .iter()
+            .map(|limit| (limit.algorithm, limit.quota.period)),
+    );
+    StoreCheck { key, limits, cost }
 }
 
 /// What applies to one descriptor.
@@ -249,26 +278,17 @@ impl<S: Store> Limiter<S> {
                 key => self.metrics.rule_label(key),
             };
             let hits = descriptor.hits_addend.unwrap_or(request_hits);
-            let key = CounterKey::new(request.domain, &descriptor.entries, &matched.share_patterns);
-            let limits = matched
-                .rule
-                .limits
-                .iter()
-                .map(|limit| LimitCheck {
-                    algorithm: limit.algorithm,
-                    quota: limit.quota(),
-                })
-                .collect();
             if checks.capacity() == 0 {
                 let left = request.descriptors.len() - index;
                 checks.reserve_exact(left);
                 pending.reserve_exact(left);
             }
-            checks.push(StoreCheck {
-                key,
-                limits,
-                cost: hits,
-            });
+            checks.push(store_check(
+                request.domain,
+                &descriptor.entries,
+                &matched,
+                hits,
+            ));
             pending.push(Pending {
                 index,
                 rule: matched.rule,

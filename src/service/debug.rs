@@ -101,7 +101,8 @@ impl DebugReports {
                 continue;
             };
             let hits = descriptor.hits_addend.unwrap_or(request.hits_addend.max(1));
-            let id = || CounterKey::new(request.domain, &descriptor.entries, &[]).0;
+            // The descriptor's identity: its limits' windows apart, one key of the report.
+            let id = || CounterKey::new(request.domain, &descriptor.entries, &[], []).0;
             let label = || describe(request.domain, descriptor);
             if self.hot_ticks.fetch_add(1, Ordering::Relaxed) % HOT_SAMPLE == 0 {
                 self.record_hot(id(), hits, label);

@@ -1,29 +1,44 @@
-//! Counter keys: an unambiguous encoding of (domain, entries), digested.
+//! Counter keys: an unambiguous encoding of (domain, entries, limits), digested.
 //!
 //! The reference joins domain, keys and values with `_`, so `user=alice_path_/login`
 //! and `user=alice, path=/login` share a counter there: a way for one client to drain
 //! another's budget. Here every part is length-prefixed before hashing, so distinct
 //! descriptors never share a key, and the digest (not client bytes) chooses the Redis
 //! hash slot.
+//!
+//! The algorithm and window length of each of the rule's limits are part of the key, as
+//! the reference's key holds the start of the unit's window: a request's limit override
+//! with another unit than the configured rule (or a reload that changes a rule's unit or
+//! algorithm) counts apart, never in a state kept for another window or algorithm; a
+//! fixed window of the same unit shares the counter. The numbers are not part of it: a
+//! limit edited from 10 to 8 keeps its count.
 
 use sha2::{Digest, Sha256};
 
+use crate::algorithm::{AlgorithmKind, Micros};
 use crate::rules::Entry;
 
 /// Version tag of the encoding; changing the encoding must change it.
-const ENCODING_TAG: &[u8] = b"sluice-key-v1\0";
+const ENCODING_TAG: &[u8] = b"sluice-key-v2\0";
 
 /// Identity of one descriptor's counters: the first 128 bits of SHA-256 over the
-/// length-prefixed encoding of the domain and the entries.
+/// length-prefixed encoding of the domain, the entries and the limits' algorithms and
+/// windows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CounterKey(pub u128);
 
 impl CounterKey {
-    /// Digests `domain` and `entries`; where `share_patterns[i]` is `Some(p)`, entry
-    /// `i`'s value is replaced by pattern `p` (the reference's `share_threshold`).
-    pub fn new(domain: &str, entries: &[Entry<'_>], share_patterns: &[Option<&str>]) -> Self {
+    /// Digests `domain`, `entries` and `limits` (the algorithm and period of each limit
+    /// of the rule, in order); where `share_patterns[i]` is `Some(p)`, entry `i`'s value
+    /// is replaced by pattern `p` (the reference's `share_threshold`).
+    pub fn new(
+        domain: &str,
+        entries: &[Entry<'_>],
+        share_patterns: &[Option<&str>],
+        limits: impl IntoIterator<Item = (AlgorithmKind, Micros)>,
+    ) -> Self {
         let mut hasher = Sha256::new();
-        encode(domain, entries, share_patterns, &mut |bytes| {
+        encode(domain, entries, share_patterns, limits, &mut |bytes| {
             hasher.update(bytes)
         });
         let digest = hasher.finalize();
@@ -68,12 +83,14 @@ pub struct LimitKey {
 }
 
 /// The unambiguous encoding that is hashed: a version tag, then the domain, the entry
-/// count and each key and value (or share pattern), every string length-prefixed.
-/// Injective: the bytes decode back to exactly one (domain, entries) (tested).
+/// count and each key and value (or share pattern), every part length-prefixed, then one
+/// 9-byte record per limit: its algorithm's code and its period. Injective: the bytes
+/// decode back to exactly one (domain, entries, limits) (tested).
 fn encode(
     domain: &str,
     entries: &[Entry<'_>],
     share_patterns: &[Option<&str>],
+    limits: impl IntoIterator<Item = (AlgorithmKind, Micros)>,
     sink: &mut dyn FnMut(&[u8]),
 ) {
     let mut put = |bytes: &[u8]| {
@@ -92,6 +109,24 @@ fn encode(
         put(entry.key.as_bytes());
         put(value.as_bytes());
     }
+    // Records of a fixed size after the last length-prefixed part: one write each.
+    for (algorithm, period) in limits {
+        let mut record = [0u8; 9];
+        record[0] = algorithm_code(algorithm);
+        record[1..].copy_from_slice(&period.to_be_bytes());
+        sink(&record);
+    }
+}
+
+/// An algorithm's code in the encoding: fixed, since it chooses keys.
+fn algorithm_code(algorithm: AlgorithmKind) -> u8 {
+    match algorithm {
+        AlgorithmKind::FixedWindow => 1,
+        AlgorithmKind::SlidingWindow => 2,
+        AlgorithmKind::SlidingLog => 3,
+        AlgorithmKind::TokenBucket => 4,
+        AlgorithmKind::Gcra => 5,
+    }
 }
 
 #[cfg(test)]
@@ -100,37 +135,63 @@ mod tests {
 
     use super::*;
 
+    /// What `encode` encodes.
+    type Decoded = (String, Vec<(String, String)>, Vec<(AlgorithmKind, Micros)>);
+
     /// Decodes `encode`'s bytes: proof that the encoding is injective.
-    fn decode(bytes: &[u8]) -> Option<(String, Vec<(String, String)>)> {
-        let mut rest = bytes;
-        let mut take = || -> Option<Vec<u8>> {
+    fn decode(bytes: &[u8]) -> Option<Decoded> {
+        /// The next length-prefixed part of `rest`.
+        fn take(rest: &mut &[u8]) -> Option<Vec<u8>> {
             let len = usize::try_from(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?)).ok()?;
             let value = rest.get(8..8 + len)?.to_vec();
-            rest = &rest[8 + len..];
+            *rest = &rest[8 + len..];
             Some(value)
-        };
-        (take()? == ENCODING_TAG).then_some(())?;
-        let domain = String::from_utf8(take()?).ok()?;
-        let count = u64::from_be_bytes(take()?.try_into().ok()?);
+        }
+        let mut rest = bytes;
+        (take(&mut rest)? == ENCODING_TAG).then_some(())?;
+        let domain = String::from_utf8(take(&mut rest)?).ok()?;
+        let count = u64::from_be_bytes(take(&mut rest)?.try_into().ok()?);
         let mut entries = Vec::new();
         for _ in 0..count {
-            let key = String::from_utf8(take()?).ok()?;
-            let value = String::from_utf8(take()?).ok()?;
+            let key = String::from_utf8(take(&mut rest)?).ok()?;
+            let value = String::from_utf8(take(&mut rest)?).ok()?;
             entries.push((key, value));
         }
-        rest.is_empty().then_some((domain, entries))
+        let mut limits = Vec::new();
+        while !rest.is_empty() {
+            let record = rest.get(..9)?;
+            let algorithm = AlgorithmKind::ALL
+                .into_iter()
+                .find(|kind| algorithm_code(*kind) == record[0])?;
+            limits.push((algorithm, u64::from_be_bytes(record[1..].try_into().ok()?)));
+            rest = &rest[9..];
+        }
+        Some((domain, entries, limits))
     }
 
-    fn encoded(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
+    fn encoded(
+        domain: &str,
+        entries: &[(String, String)],
+        limits: &[(AlgorithmKind, Micros)],
+    ) -> Vec<u8> {
         let borrowed: Vec<Entry<'_>> = entries
             .iter()
             .map(|(key, value)| Entry { key, value })
             .collect();
         let mut bytes = Vec::new();
-        encode(domain, &borrowed, &[], &mut |chunk| {
-            bytes.extend_from_slice(chunk)
-        });
+        encode(
+            domain,
+            &borrowed,
+            &[],
+            limits.iter().copied(),
+            &mut |chunk| bytes.extend_from_slice(chunk),
+        );
         bytes
+    }
+
+    /// Any algorithm.
+    fn algorithm() -> impl Strategy<Value = AlgorithmKind> {
+        prop::sample::select(AlgorithmKind::ALL.to_vec())
     }
 
     /// Client-chosen strings, biased towards separators and braces.
@@ -140,22 +201,50 @@ mod tests {
 
     proptest! {
         #[test]
-        fn encoding_is_injective(domain in text(), entries in prop::collection::vec((text(), text()), 0..4)) {
-            let bytes = encoded(&domain, &entries);
-            prop_assert_eq!(decode(&bytes), Some((domain, entries)));
+        fn encoding_is_injective(
+            domain in text(),
+            entries in prop::collection::vec((text(), text()), 0..4),
+            limits in prop::collection::vec((algorithm(), any::<u64>()), 0..3),
+        ) {
+            let bytes = encoded(&domain, &entries, &limits);
+            prop_assert_eq!(decode(&bytes), Some((domain, entries, limits)));
         }
 
         #[test]
         fn distinct_descriptors_get_distinct_keys(
-            a in (text(), prop::collection::vec((text(), text()), 0..4)),
-            b in (text(), prop::collection::vec((text(), text()), 0..4)),
+            a in (text(), prop::collection::vec((text(), text()), 0..4), prop::collection::vec((algorithm(), 0..3u64), 0..3)),
+            b in (text(), prop::collection::vec((text(), text()), 0..4), prop::collection::vec((algorithm(), 0..3u64), 0..3)),
         ) {
             prop_assume!(a != b);
-            let key = |(domain, entries): &(String, Vec<(String, String)>)| {
+            let key = |(domain, entries, limits): &Decoded| {
                 let borrowed: Vec<Entry<'_>> = entries.iter().map(|(key, value)| Entry { key, value }).collect();
-                CounterKey::new(domain, &borrowed, &[])
+                CounterKey::new(domain, &borrowed, &[], limits.iter().copied())
             };
             prop_assert_ne!(key(&a), key(&b));
+        }
+    }
+
+    /// A fixed window of a minute.
+    const MINUTE: (AlgorithmKind, Micros) = (AlgorithmKind::FixedWindow, 60_000_000);
+
+    #[test]
+    fn limits_of_other_windows_or_algorithms_count_apart() {
+        let entries = [entry("user", "alice")];
+        let minute = CounterKey::new("d", &entries, &[], [MINUTE]);
+        assert_eq!(minute, CounterKey::new("d", &entries, &[], [MINUTE]));
+        let (fixed, period) = MINUTE;
+        for other in [
+            vec![(fixed, period / 60)],
+            vec![(fixed, period * 60)],
+            vec![(AlgorithmKind::TokenBucket, period)],
+            vec![MINUTE, MINUTE],
+            vec![],
+        ] {
+            assert_ne!(
+                minute,
+                CounterKey::new("d", &entries, &[], other.clone()),
+                "{other:?}"
+            );
         }
     }
 
@@ -165,32 +254,50 @@ mod tests {
 
     #[test]
     fn separator_tricks_do_not_collide() {
-        let joined = CounterKey::new("d", &[entry("user", "alice_path_/login")], &[]);
-        let split = CounterKey::new("d", &[entry("user", "alice"), entry("path", "/login")], &[]);
+        let joined = CounterKey::new("d", &[entry("user", "alice_path_/login")], &[], [MINUTE]);
+        let split = CounterKey::new(
+            "d",
+            &[entry("user", "alice"), entry("path", "/login")],
+            &[],
+            [MINUTE],
+        );
         assert_ne!(joined, split);
-        let shifted = CounterKey::new("d_user", &[entry("alice", "x")], &[]);
-        let plain = CounterKey::new("d", &[entry("user_alice", "x")], &[]);
+        let shifted = CounterKey::new("d_user", &[entry("alice", "x")], &[], [MINUTE]);
+        let plain = CounterKey::new("d", &[entry("user_alice", "x")], &[], [MINUTE]);
         assert_ne!(shifted, plain);
     }
 
     #[test]
     fn share_pattern_replaces_value() {
-        let a = CounterKey::new("d", &[entry("files", "files/a.pdf")], &[Some("files/*")]);
-        let b = CounterKey::new("d", &[entry("files", "files/b.csv")], &[Some("files/*")]);
+        let a = CounterKey::new(
+            "d",
+            &[entry("files", "files/a.pdf")],
+            &[Some("files/*")],
+            [MINUTE],
+        );
+        let b = CounterKey::new(
+            "d",
+            &[entry("files", "files/b.csv")],
+            &[Some("files/*")],
+            [MINUTE],
+        );
         assert_eq!(a, b);
-        let c = CounterKey::new("d", &[entry("files", "files/*")], &[]);
+        let c = CounterKey::new("d", &[entry("files", "files/*")], &[], [MINUTE]);
         assert_eq!(a, c);
     }
 
     #[test]
     fn stable_across_runs() {
-        let key = CounterKey::new("domain", &[entry("key", "value")], &[]);
+        let key = CounterKey::new("domain", &[entry("key", "value")], &[], [MINUTE]);
         assert_eq!(key.hex().len(), 32);
         assert_eq!(key.hex().as_bytes(), key.hex_bytes());
         assert_eq!(CounterKey(0xab).hex_bytes()[28..], *b"00ab");
         assert_eq!(
             key,
-            CounterKey::new("domain", &[entry("key", "value")], &[])
+            CounterKey::new("domain", &[entry("key", "value")], &[], [MINUTE])
         );
+        // Keys are shared by instances and kept in Redis: the encoding never changes
+        // without its tag.
+        assert_eq!(key.hex(), "e703e021c07f6138607251f351049937");
     }
 }

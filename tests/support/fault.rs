@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use sluice::algorithm::AlgorithmKind;
 use sluice::proto::common::rate_limit_descriptor::Entry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_response::Code;
@@ -154,11 +155,23 @@ pub fn assert_all_answered(answers: &[Answer], what: &str) {
     }
 }
 
-/// The Redis key of limit 0 of descriptor `key=value`.
+/// The Redis key of limit 0 of descriptor `key=value` (every rule of [`RULES`] has one
+/// limit of a day).
 pub fn redis_key(key: &str, value: &str) -> String {
     let entries = [RuleEntry { key, value }];
-    limit_key(CounterKey::new(DOMAIN, &entries, &[]), 0)
+    limit_key(
+        CounterKey::new(
+            DOMAIN,
+            &entries,
+            &[],
+            [(AlgorithmKind::FixedWindow, DAY_MICROS)],
+        ),
+        0,
+    )
 }
+
+/// A day in microseconds: the window of every rule of [`RULES`].
+const DAY_MICROS: u64 = 86_400_000_000;
 
 /// Hash slot of descriptor `key=value`.
 pub fn slot(key: &str, value: &str) -> u16 {

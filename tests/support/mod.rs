@@ -372,3 +372,18 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Seconds since the Unix epoch, from the clock a server's windows align to.
+pub fn unix_seconds() -> u64 {
+    use sluice::clock::{Clock, SystemClock};
+    SystemClock::new().now() / sluice::algorithm::MICROS_PER_SECOND
+}
+
+/// Waits for the next minute when less than `margin` of this one is left, so that the
+/// calls that follow fall in one minute's window.
+pub async fn early_in_minute(margin: Duration) {
+    let left = Duration::from_secs(60 - unix_seconds() % 60);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
+    }
+}

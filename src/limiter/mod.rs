@@ -264,12 +264,13 @@ impl<S: Store> Limiter<S> {
                 Lookup::NoMatch => continue,
                 Lookup::Matched(matched) => matched,
             };
+            // An unlimited rule's `replaces` apply too, as in the reference.
+            if let RuleRef::Borrowed(rule) = matched.rule {
+                replaced.extend(rule.replaces.iter().map(|name| &**name));
+            }
             if matched.rule.unlimited {
                 verdicts[index] = Verdict::Unlimited;
                 continue;
-            }
-            if let RuleRef::Borrowed(rule) = matched.rule {
-                replaced.extend(rule.replaces.iter().map(|name| &**name));
             }
             let stats_label = match &matched.stats_key {
                 Cow::Borrowed(key) if *key == &*matched.rule.stats_key => {
@@ -514,7 +515,14 @@ impl<S: Store> Limiter<S> {
         counters.add(RuleStat::WithinLimit, split.within_limit);
         counters.add(RuleStat::NearLimit, split.near_limit);
         counters.add(RuleStat::OverLimit, split.over_limit);
-        self.finish(item, &counters, limit_index, decision, split.near_limit > 0)
+        self.finish(
+            item,
+            &counters,
+            limit_index,
+            decision,
+            split.near_limit > 0,
+            split.over_limit,
+        )
     }
 
     /// A refusal answered by a local layer (`blocked_cache`, `precheck`).
@@ -534,10 +542,14 @@ impl<S: Store> Limiter<S> {
         if self.settings.report_local_cache {
             counters.add(RuleStat::OverLimitWithLocalCache, item.hits);
         }
-        self.finish(item, &counters, limit_index, decision, false)
+        let hits = item.hits;
+        self.finish(item, &counters, limit_index, decision, false, hits)
     }
 
-    /// Shadow handling and the per-rule decision count, common to every verdict.
+    /// Shadow handling and the per-rule decision count, common to every verdict. A shadow
+    /// rule's `shadow_mode` statistic counts the hits over the limit (`over_hits`), as
+    /// the reference's does: a request that crosses the limit counts only its hits past
+    /// it.
     fn finish<'r>(
         &self,
         item: Pending<'r>,
@@ -545,11 +557,12 @@ impl<S: Store> Limiter<S> {
         limit_index: usize,
         decision: Decision,
         near: bool,
+        over_hits: u64,
     ) -> Verdict<'r> {
         let shadow = item.rule.shadow_mode;
         let outcome = match (decision.allowed, shadow) {
             (false, true) => {
-                counters.add(RuleStat::ShadowMode, item.hits);
+                counters.add(RuleStat::ShadowMode, over_hits);
                 "shadow_over_limit"
             }
             (false, false) => "over_limit",

@@ -228,3 +228,64 @@ async fn shadow_rules_skip_the_blocked_cache_unless_in_reference_local_cache_mod
         );
     }
 }
+
+/// A shadow rule counts in `shadow_mode` the hits past its limit, as `over_limit` does:
+/// a request of 3 hits on a fresh limit of 1 counts 2 (the reference's
+/// `increaseShadowModeStats`), and every hit of a request already over it.
+#[tokio::test]
+async fn shadow_mode_counts_the_hits_past_the_limit() {
+    let file = ConfigFile {
+        name: "s.yaml".into(),
+        text: "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n".into(),
+    };
+    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
+    let metrics = Arc::new(Metrics::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = crate::store::memory::MemoryStore::new(100, clock.clone());
+    let limiter = Limiter::new(store, clock, LimiterSettings::default(), metrics.clone());
+    let stat = |name: &str| {
+        let text = metrics.encode();
+        let sample = format!(r#"sluice_rule_hits_total{{rule="d.shadow",stat="{name}"}} "#);
+        text.lines()
+            .find_map(|line| line.strip_prefix(&sample))
+            .map_or(0, |value| value.parse::<u64>().expect("a count"))
+    };
+    for (hits, shadow, over) in [(3, 2, 2), (2, 4, 4)] {
+        let mut request = request("shadow");
+        request.hits_addend = hits;
+        let verdicts = limiter.check(&rules, &request).await.expect("answers");
+        assert!(allowed(&verdicts), "a shadow rule never refuses");
+        assert_eq!((stat("shadow_mode"), stat("over_limit")), (shadow, over));
+    }
+}
+
+/// An unlimited rule's `replaces` apply, in either order: the named limit is neither
+/// charged nor answered (the reference collects `replaces` before it sets unlimited
+/// rules aside).
+#[tokio::test]
+async fn an_unlimited_rule_replaces_too() {
+    let file = ConfigFile {
+        name: "u.yaml".into(),
+        text: "domain: d\ndescriptors:\n  - key: named\n    rate_limit: {unit: hour, requests_per_unit: 1, name: one}\n  - key: free\n    rate_limit: {unlimited: true, replaces: [{name: one}]}\n".into(),
+    };
+    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = crate::store::memory::MemoryStore::new(100, clock.clone());
+    let limiter = Limiter::new(
+        store,
+        clock,
+        LimiterSettings::default(),
+        Arc::new(Metrics::new()),
+    );
+    for keys in [["named", "free"], ["free", "named"]] {
+        let mut request = request(keys[0]);
+        request.descriptors.push(request.descriptors[0].clone());
+        request.descriptors[1].entries[0].key = keys[1];
+        for _ in 0..3 {
+            let verdicts = limiter.check(&rules, &request).await.expect("answers");
+            let named = keys.iter().position(|key| *key == "named").expect("named");
+            assert_eq!(verdicts[named], Verdict::NoLimit, "{keys:?}");
+            assert_eq!(verdicts[1 - named], Verdict::Unlimited, "{keys:?}");
+        }
+    }
+}

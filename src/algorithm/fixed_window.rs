@@ -14,7 +14,7 @@
 //!
 //! Memory per key: two integers (window start, count), 16 bytes.
 
-use super::{is_invalid, Algorithm, Decision, Micros, Quota};
+use super::{Algorithm, Decision, Micros, Quota};
 
 /// Fixed window counter for the current epoch-aligned window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,7 +33,9 @@ impl Algorithm for FixedWindow {
     type State = State;
 
     fn decide(state: &State, now: Micros, cost: u64, quota: &Quota) -> (Decision, State) {
-        if is_invalid(quota) {
+        // A limit of 0 is decided as any other (every hit refused and counted, reset at
+        // the window's end), as in the reference; only a window of no length cannot be.
+        if quota.period == 0 {
             return (Decision::invalid_quota(cost, quota), *state);
         }
         // Lua: window_start = now - now % period; a clock that stepped back stays in the

@@ -15,8 +15,10 @@
 //! ## Conventions shared by every algorithm (and every Lua mirror)
 //!
 //! - **No panics.** All integer arithmetic saturates; `cost` and `now` may be anything up
-//!   to `u64::MAX`. A quota with `limit == 0` or `period == 0` refuses everything
-//!   ([`Decision::invalid_quota`]) and leaves the state as it was.
+//!   to `u64::MAX`. A quota with `period == 0`, or with `limit == 0` outside the fixed
+//!   window, refuses everything ([`Decision::invalid_quota`]) and leaves the state as it
+//!   was. The fixed window decides a limit of 0 as the reference does: every hit refused
+//!   and counted, the window's end as the reset, a check of cost 0 allowed.
 //! - **Refusal and `cost == 0` return the input state unchanged** (fixed window's counting
 //!   of refused hits excepted), so a refused request or a probe never changes what later
 //!   requests see, not even by a floating point rounding.
@@ -119,8 +121,8 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The answer for a quota that cannot admit anything (`limit == 0` or `period == 0`):
-    /// refused, nothing remaining, retry after one period (at least 1 µs).
+    /// The answer for a quota that cannot admit anything (see [`is_invalid`]): refused,
+    /// nothing remaining, retry after one period (at least 1 µs).
     pub fn invalid_quota(cost: u64, quota: &Quota) -> Self {
         Self {
             allowed: false,
@@ -132,7 +134,8 @@ impl Decision {
     }
 }
 
-/// Whether `quota` can admit anything at all; algorithms refuse outright when it cannot.
+/// Whether `quota` can admit nothing at all (`limit == 0` or `period == 0`); the
+/// algorithms other than the fixed window refuse outright when it cannot.
 pub(crate) fn is_invalid(quota: &Quota) -> bool {
     quota.limit == 0 || quota.period == 0
 }

@@ -143,6 +143,26 @@ fn sliding_log_is_exact() {
     assert_eq!(d[4].retry_after, S);
 }
 
+/// A fixed window's limit of 0, as the reference decides it: every hit refused and
+/// counted, the reset at the window's end (never 0), and a check of cost 0 allowed with
+/// nothing remaining.
+#[test]
+fn fixed_window_limit_zero_resets_at_the_window_end() {
+    let q = quota(0, 60 * S, 0);
+    let d = run::<fixed_window::FixedWindow>(
+        &q,
+        &[(T0 + 15 * S, 0), (T0 + 20 * S, 2), (T0 + 21 * S, 0)],
+    );
+    assert!(d[0].allowed && d[0].remaining == 0 && d[0].used == 0);
+    assert!(!d[1].allowed);
+    assert_eq!(
+        (d[1].reset_after, d[1].retry_after, d[1].used),
+        (40 * S, 40 * S, 2)
+    );
+    assert!(!d[2].allowed, "the refused hits counted");
+    assert_eq!(d[2].reset_after, 39 * S);
+}
+
 #[test]
 fn invalid_quotas_refuse_without_panicking() {
     for q in [quota(0, S, 1), quota(1, 0, 1), quota(0, 0, 0)] {

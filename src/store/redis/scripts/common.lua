@@ -75,6 +75,14 @@ local function is_invalid(q)
   return q.limit == 0 or q.period == 0
 end
 
+-- Whether an algorithm of `kind` refuses `q` outright (invalid_quota): the fixed window
+-- (kind 1) decides a limit of 0 as any other, as the reference does (every hit refused
+-- and counted, reset at the window's end); only a period of 0 is invalid there.
+local function is_invalid_for(kind, q)
+  if kind == 1 then return q.period == 0 end
+  return is_invalid(q)
+end
+
 -- Whether '%d' (a C long) prints `x` exactly: a whole number below 2^53 in magnitude.
 -- It is much cheaper than '%.0f', which formats a double digit by digit; every state
 -- field is such a number unless a cost near u64::MAX was charged.

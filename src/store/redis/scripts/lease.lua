@@ -31,7 +31,7 @@ local algo = ALGOS[kind]
 if algo == nil or kind == 3 then
   return redis.error_reply('sluice lease: algorithm ' .. tostring(kind) .. ' cannot lease')
 end
-if is_invalid(q) then
+if is_invalid_for(kind, q) then
   local _, remaining, reset, retry, used = invalid_quota(cost, q)
   return { 0, reply_int(remaining), reply_int(reset), reply_int(retry), reply_int(used), 0, now, 0 }
 end

@@ -53,7 +53,7 @@ for r = 1, rule_count do
       quotas[i] = q
     end
     q.limit, q.period, q.burst = ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0
-    kinds[i], algos[i], invalid[i] = kind, ALGOS[kind], is_invalid(q)
+    kinds[i], algos[i], invalid[i] = kind, ALGOS[kind], is_invalid_for(kind, q)
     a = a + 4
   end
   rule.n = n

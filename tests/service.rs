@@ -475,3 +475,100 @@ async fn an_override_of_another_unit_counts_apart() {
     );
     server.stop().await;
 }
+
+/// `Retry-After` is the longest wait of the descriptors over their limit, whatever
+/// their order: a client that waits it is not refused by another descriptor at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_the_longest_wait_of_the_refusing_descriptors() {
+    let server = start().await;
+    // The fixed window's wait (to the minute's end) is then over 5 s, gcra's 1 s.
+    support::early_in_minute(Duration::from_secs(10)).await;
+    for (user, order) in [("wait-1", ["fixed", "gcra"]), ("wait-2", ["gcra", "fixed"])] {
+        let both = || RateLimitRequest {
+            descriptors: order.iter().map(|key| descriptor(&[(key, user)])).collect(),
+            ..request(&[])
+        };
+        for _ in 0..3 {
+            assert_eq!(call(&server, both()).await.expect("call").overall_code, OK);
+        }
+        let refused = call(&server, both()).await.expect("call");
+        assert_eq!(refused.overall_code, OVER, "{order:?}");
+        let fixed = order.iter().position(|key| *key == "fixed").expect("fixed");
+        let fixed_reset = refused.statuses[fixed]
+            .duration_until_reset
+            .as_ref()
+            .expect("reset")
+            .seconds;
+        assert!(fixed_reset > 5, "{fixed_reset}");
+        assert_eq!(
+            header(&refused, "Retry-After"),
+            Some(fixed_reset.to_string().as_str()),
+            "{order:?}"
+        );
+    }
+    server.stop().await;
+}
+
+/// Under `QUOTA_MODE`, a descriptor no rule limits is a quota descriptor that passed,
+/// as in the reference: the request is OK while one quota group is not over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_quota_mode_counts_an_unlimited_descriptor_as_a_group_that_passed() {
+    let server = TestServer::start(
+        &[("rules.yaml".into(), RULES.into())],
+        &[("QUOTA_MODE".into(), "true".into())],
+        &[],
+    )
+    .await;
+    support::early_in_minute(Duration::from_secs(5)).await;
+    let limited = || request(&[("fixed", "quota-user")]);
+    let with_unmatched = || RateLimitRequest {
+        descriptors: vec![
+            descriptor(&[("fixed", "quota-user")]),
+            descriptor(&[("nothing", "x")]),
+        ],
+        ..request(&[])
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            call(&server, limited()).await.expect("call").overall_code,
+            OK
+        );
+    }
+    let alone = call(&server, limited()).await.expect("call");
+    assert_eq!(alone.overall_code, OVER, "its only group is over");
+    let both = call(&server, with_unmatched()).await.expect("call");
+    assert_eq!(both.statuses[0].code, OVER);
+    assert_eq!(
+        both.overall_code, OK,
+        "the unmatched descriptor's group passed"
+    );
+    server.stop().await;
+}
+
+/// When several limits of one descriptor refuse, the status and `Retry-After` describe
+/// the one with the longest wait: the request passes no sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_wait_of_a_descriptors_limits_is_answered() {
+    let server = start().await;
+    let two = || {
+        let mut request = request(&[("multi", "longest-wait")]);
+        request.descriptors[0].hits_addend = Some(2);
+        request
+    };
+    assert_eq!(call(&server, two()).await.expect("call").overall_code, OK);
+    // The bucket (2 a second) and the day (3) both refuse 2 more.
+    let refused = call(&server, two()).await.expect("call");
+    assert_eq!(refused.overall_code, OVER);
+    let status = &refused.statuses[0];
+    let limit = status.current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (3, RateLimitUnit::Day as i32)
+    );
+    let reset = status.duration_until_reset.as_ref().expect("reset").seconds;
+    assert_eq!(
+        header(&refused, "Retry-After"),
+        Some(reset.to_string().as_str())
+    );
+    server.stop().await;
+}

@@ -101,8 +101,8 @@ pub enum Verdict<'r> {
 pub struct Limited<'r> {
     /// The rule that applied.
     pub rule: RuleRef<'r>,
-    /// Which of the rule's limits describes the answer: the first that refused, else
-    /// the one with the least remaining.
+    /// Which of the rule's limits describes the answer: the refusing one with the
+    /// longest wait (the first of equals), else the one with the least remaining.
     pub limit_index: usize,
     /// That limit's decision.
     pub decision: Decision,
@@ -467,9 +467,7 @@ impl<S: Store> Limiter<S> {
         decisions: &[Decision],
         now: Micros,
     ) -> Verdict<'r> {
-        let limit_index = decisions
-            .iter()
-            .position(|d| !d.allowed)
+        let limit_index = longest_refusal(decisions)
             .or_else(|| {
                 decisions
                     .iter()
@@ -577,6 +575,18 @@ impl<S: Store> Limiter<S> {
             over_limit: !decision.allowed && !shadow,
         })
     }
+}
+
+/// Of a descriptor's limits, the refusing one with the longest `retry_after` (the first
+/// of equals): the request passes no sooner, so its answer describes that limit.
+fn longest_refusal(decisions: &[Decision]) -> Option<usize> {
+    let mut longest: Option<(usize, Micros)> = None;
+    for (index, decision) in decisions.iter().enumerate() {
+        if !decision.allowed && longest.is_none_or(|(_, wait)| decision.retry_after > wait) {
+            longest = Some((index, decision.retry_after));
+        }
+    }
+    longest.map(|(index, _)| index)
 }
 
 /// Whole seconds until `micros` have passed, rounded up (the reference's

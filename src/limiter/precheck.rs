@@ -120,6 +120,7 @@ impl Precheck {
             return Before::Hot;
         };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut longest: Option<(usize, Decision)> = None;
         for (index, (view, limit)) in views.iter().zip(limits).enumerate() {
             let refusal = match view {
                 Local::Window { end, count } => (now < *end
@@ -137,11 +138,19 @@ impl Precheck {
                     (!decision.allowed).then_some(decision)
                 }
             };
+            // The refusal with the longest wait describes the answer, as the store's does.
             if let Some(decision) = refusal {
-                return Before::Refused(index, decision);
+                if longest.is_none_or(|(_, wait): (usize, Decision)| {
+                    decision.retry_after > wait.retry_after
+                }) {
+                    longest = Some((index, decision));
+                }
             }
         }
-        Before::Hot
+        match longest {
+            Some((index, decision)) => Before::Refused(index, decision),
+            None => Before::Hot,
+        }
     }
 
     /// Counts a check of `counter` at `now` that was answered before reaching the

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use prost_types::{value::Kind, ListValue, Struct, Value};
 
+use crate::algorithm::Micros;
 use crate::limiter::{ceil_seconds, CheckRequest, Limited, Verdict};
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
@@ -81,7 +82,10 @@ pub fn build(
     let mut headline: Option<usize> = None;
     let mut least_remaining = u32::MAX;
     let mut any_over = false;
-    let mut quota_groups: HashMap<String, bool> = HashMap::new();
+    // Longest wait of the non-quota descriptors over their limit: until then the request
+    // is refused whatever the headline says (`Retry-After`).
+    let mut longest_retry: Micros = 0;
+    let mut quota_groups: HashMap<String, QuotaGroup> = HashMap::new();
     // Quota groups and passed descriptors matter only in quota mode and for dynamic
     // metadata; both vectors stay unallocated otherwise.
     let mut group_of: Vec<Option<String>> = Vec::new();
@@ -93,20 +97,28 @@ pub fn build(
             headline = Some(index);
             least_remaining = status.limit_remaining;
         }
-        let Verdict::Limited(limited) = verdict else {
-            if track_passed && !matches!(verdict, Verdict::Unlimited) {
-                passed.push(index);
-            }
-            continue;
+        // Every descriptor but an unlimited one takes part, as in the reference: one
+        // with no limit (or a replaced one) is a quota descriptor that passed under
+        // `QUOTA_MODE`.
+        let (over, retry_after, quota_mode) = match verdict {
+            Verdict::Unlimited => continue,
+            Verdict::NoLimit => (false, 0, options.global_quota_mode),
+            Verdict::Limited(limited) => (
+                limited.over_limit,
+                limited.decision.retry_after,
+                options.global_quota_mode || limited.rule.quota_mode,
+            ),
         };
-        let over = limited.over_limit;
         if track_passed && !over {
             passed.push(index);
         }
-        if options.global_quota_mode || limited.rule.quota_mode {
+        if quota_mode {
             let group = quota_group_key(&request.descriptors[index].entries);
-            let entry = quota_groups.entry(group.clone()).or_insert(false);
-            *entry |= over;
+            let entry = quota_groups.entry(group.clone()).or_default();
+            if over {
+                entry.over = true;
+                entry.retry_after = entry.retry_after.max(retry_after);
+            }
             if group_of.is_empty() {
                 group_of.resize(verdicts.len(), None);
             }
@@ -115,9 +127,15 @@ pub fn build(
             any_over = true;
             headline = Some(index);
             least_remaining = 0;
+            longest_retry = longest_retry.max(retry_after);
         }
     }
-    let quota_over = !quota_groups.is_empty() && quota_groups.values().all(|over| *over);
+    let quota_over = !quota_groups.is_empty() && quota_groups.values().all(|group| group.over);
+    if quota_over {
+        // Every group over: the request passes again when the first group does.
+        let first_free = quota_groups.values().map(|group| group.retry_after).min();
+        longest_retry = longest_retry.max(first_free.unwrap_or(0));
+    }
     let mut overall = if any_over || quota_over {
         Code::OverLimit
     } else {
@@ -127,8 +145,8 @@ pub fn build(
     let mut response = RateLimitResponse::default();
     if let Some(index) = headline {
         if let (Verdict::Limited(limited), Some(status)) = (&verdicts[index], statuses.get(index)) {
-            response.response_headers_to_add =
-                headers(limited, status, overall == Code::OverLimit, options);
+            let retry_after = (overall == Code::OverLimit).then_some(longest_retry);
+            response.response_headers_to_add = headers(limited, status, retry_after, options);
         }
     }
     let mut shadowed = false;
@@ -143,7 +161,7 @@ pub fn build(
                 group_of
                     .get(*index)
                     .and_then(Option::as_ref)
-                    .is_none_or(|group| !quota_groups.get(group).copied().unwrap_or(false))
+                    .is_none_or(|group| !quota_groups.get(group).is_some_and(|group| group.over))
             })
             .collect();
         response.dynamic_metadata = Some(metadata(
@@ -208,11 +226,12 @@ pub fn wire_unit(unit: Unit) -> WireUnit {
     }
 }
 
-/// Headers describing the headline descriptor.
+/// Headers describing the headline descriptor; `retry_after` (the request's longest
+/// wait) when the answer is OVER_LIMIT.
 fn headers(
     limited: &Limited<'_>,
     status: &DescriptorStatus,
-    over: bool,
+    retry_after: Option<Micros>,
     options: &ResponseOptions,
 ) -> Vec<HeaderValue> {
     let Some(limit) = limited.rule.limits.get(limited.limit_index) else {
@@ -258,12 +277,21 @@ fn headers(
             "RateLimit",
             format!("\"{name}\";r={};t={reset}", status.limit_remaining),
         ));
-        if over {
-            let retry = ceil_seconds(limited.decision.retry_after).max(1);
+        if let Some(retry_after) = retry_after {
+            let retry = ceil_seconds(retry_after).max(1);
             out.push(header("Retry-After", retry.to_string()));
         }
     }
     out
+}
+
+/// What a quota group's descriptors say together.
+#[derive(Default)]
+struct QuotaGroup {
+    /// One of them is over its limit (the group is exhausted).
+    over: bool,
+    /// The longest wait of those over their limit.
+    retry_after: Micros,
 }
 
 /// The reference's quota group of a descriptor: its backend/model entries if any,

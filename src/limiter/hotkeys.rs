@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::fallback::{self, Fallback};
 use super::precheck::Before;
-use super::{lease, Limiter, LimiterError, Pending, Verdict};
+use super::{lease, DecidedBy, Limiter, LimiterError, Pending, Verdict};
 use crate::algorithm::{Decision, Micros};
 use crate::rules::FailureMode;
 use crate::store::{LeaseRequest, Store, StoreCheck, StoreError};
@@ -166,7 +166,10 @@ impl<S: Store> Limiter<S> {
         self.lease_gauge(&label, gauge(grant.units) - gauge(closed));
         drop(renewing);
         let index = item.index;
-        Leased::Answered(index, self.verdict(item, check, &[grant.decision], now))
+        Leased::Answered(
+            index,
+            self.verdict(item, check, &[grant.decision], now, DecidedBy::Store),
+        )
     }
 
     /// The rule's failure mode answers a lease call that failed.
@@ -186,7 +189,10 @@ impl<S: Store> Limiter<S> {
         let mut decisions = Vec::with_capacity(1);
         self.fallback.decide(mode, check, &mut decisions).await;
         let index = item.index;
-        Leased::Answered(index, self.verdict(item, check, &decisions, now))
+        Leased::Answered(
+            index,
+            self.verdict(item, check, &decisions, now, DecidedBy::FailureMode),
+        )
     }
 
     /// Gives back the unused units of expired leases, or of every lease when

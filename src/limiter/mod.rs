@@ -396,6 +396,11 @@ impl<S: Store> Limiter<S> {
             ))),
             other => other,
         };
+        let decided_by = if answered.is_ok() {
+            DecidedBy::Store
+        } else {
+            DecidedBy::FailureMode
+        };
         if let Err(error) = answered {
             decisions.clear();
             for (item, check) in pending.iter().zip(&checks) {
@@ -414,7 +419,7 @@ impl<S: Store> Limiter<S> {
             let limit_decisions = &decisions[offset..offset + check.limits.len()];
             offset += check.limits.len();
             let index = item.index;
-            verdicts[index] = self.verdict(item, check, limit_decisions, now);
+            verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
         }
         Ok(verdicts)
     }
@@ -458,14 +463,16 @@ impl<S: Store> Limiter<S> {
         !rule.shadow_mode || self.settings.report_local_cache
     }
 
-    /// Builds one descriptor's verdict from the store's decisions, records statistics
-    /// and remembers a refusal in the blocked-until cache.
+    /// Builds one descriptor's verdict from its decisions and records statistics. The
+    /// store's decisions also feed the pre-check and the blocked-until cache; a failure
+    /// mode's never do (the store did not count them, and may be back at once).
     fn verdict<'r>(
         &self,
         item: Pending<'r>,
         check: &StoreCheck,
         decisions: &[Decision],
         now: Micros,
+        decided_by: DecidedBy,
     ) -> Verdict<'r> {
         let limit_index = longest_refusal(decisions)
             .or_else(|| {
@@ -479,19 +486,21 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
-        if item.precheck_charge {
-            self.precheck
-                .charge(check.key, &check.limits, check.cost, now, decisions);
-        }
-        if !decision.allowed && self.uses_blocked_cache(&item.rule) {
-            self.blocked.insert(
-                check.key,
-                &check.limits,
-                check.cost,
-                now,
-                limit_index,
-                &decision,
-            );
+        if decided_by == DecidedBy::Store {
+            if item.precheck_charge {
+                self.precheck
+                    .charge(check.key, &check.limits, check.cost, now, decisions);
+            }
+            if !decision.allowed && self.uses_blocked_cache(&item.rule) {
+                self.blocked.insert(
+                    check.key,
+                    &check.limits,
+                    check.cost,
+                    now,
+                    limit_index,
+                    &decision,
+                );
+            }
         }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
         self.record(item, limit_index, decision, limit)
@@ -575,6 +584,15 @@ impl<S: Store> Limiter<S> {
             over_limit: !decision.allowed && !shadow,
         })
     }
+}
+
+/// Who decided a check: only the store's answers feed the local layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecidedBy {
+    /// The shared store.
+    Store,
+    /// The rule's failure mode, because the store did not answer.
+    FailureMode,
 }
 
 /// Of a descriptor's limits, the refusing one with the longest `retry_after` (the first

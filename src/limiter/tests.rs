@@ -289,3 +289,74 @@ async fn an_unlimited_rule_replaces_too() {
         }
     }
 }
+
+/// A memory store that fails every call while `down` is set.
+struct FlakyStore {
+    down: std::sync::atomic::AtomicBool,
+    memory: crate::store::memory::MemoryStore,
+}
+
+impl Store for FlakyStore {
+    async fn check(
+        &self,
+        checks: &[StoreCheck],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("connection refused".into()));
+        }
+        self.memory.check(checks, out).await
+    }
+
+    async fn peek(&self, check: &StoreCheck, out: &mut Vec<Decision>) -> Result<(), StoreError> {
+        self.memory.peek(check, out).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "flaky"
+    }
+}
+
+/// A refusal of the `local` failure mode is never remembered by the blocked-until
+/// cache nor the pre-check: once the store is back, it decides the key again.
+#[tokio::test]
+async fn a_failure_modes_refusal_is_forgotten_when_the_store_is_back() {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = FlakyStore {
+        down: true.into(),
+        memory: crate::store::memory::MemoryStore::new(100, clock.clone()),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let settings = LimiterSettings {
+        replicas: 2,
+        ..LimiterSettings::default()
+    };
+    let limiter = Limiter::new(store, clock, settings, metrics.clone()).with_precheck(true);
+    let rules = rules();
+    let mut local = Vec::new();
+    for _ in 0..3 {
+        let verdicts = limiter
+            .check(&rules, &request("local"))
+            .await
+            .expect("answers");
+        local.push(allowed(&verdicts));
+    }
+    assert_eq!(local, vec![true, true, false], "2 of 4 a minute here");
+    limiter
+        .store
+        .down
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    for call in 0..4 {
+        let verdicts = limiter
+            .check(&rules, &request("local"))
+            .await
+            .expect("answers");
+        assert!(
+            allowed(&verdicts),
+            "call {call}: the store has counted nothing yet"
+        );
+    }
+    let text = metrics.encode();
+    assert!(!text.contains(r#"layer="blocked_cache"} "#), "{text}");
+    assert!(!text.contains(r#"layer="precheck"} "#), "{text}");
+}

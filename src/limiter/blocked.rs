@@ -2,10 +2,12 @@
 //! is refused locally until the store said it could pass again.
 //!
 //! Sound by construction: an entry remembers the refused cost and the instant the store
-//! named (`now + retry_after`). Before that instant, no request of at least that cost
-//! can pass, because capacity only returns with time and other instances only use it
-//! up. Smaller costs, and anything after the instant, go to the store. An entry is tied
-//! to the limits' numbers, so an edited rule never reads a stale block.
+//! named (`now + retry_after`). Before that instant, no request of that cost can pass,
+//! because capacity only returns with time and other instances only use it up, and the
+//! store's wait for it is exactly what is left of it. Other costs, and anything after
+//! the instant, go to the store: a larger cost would be refused too, but its wait is
+//! longer than the entry knows. An entry is tied to the limits' numbers, so an edited
+//! rule never reads a stale block.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,7 +108,8 @@ impl BlockedCache {
         }
     }
 
-    /// The standing block for a check of `cost` at `now`, if any.
+    /// The standing block for a check of `cost` at `now`, if any: only a refusal of the
+    /// same cost answers, so its wait is the store's own.
     pub fn get(
         &self,
         counter: CounterKey,
@@ -118,7 +121,7 @@ impl BlockedCache {
             return None;
         }
         let blocked = self.cache.get(&key(counter, limits))?;
-        (now < blocked.until && cost >= blocked.cost).then_some(blocked)
+        (now < blocked.until && cost == blocked.cost).then_some(blocked)
     }
 
     /// Remembers that the store refused `cost` at `now` with `decision` from limit
@@ -197,15 +200,19 @@ mod tests {
     }
 
     #[test]
-    fn blocks_equal_or_larger_costs_until_retry_time() {
+    fn blocks_the_same_cost_until_retry_time() {
         let cache = BlockedCache::new(10);
         let key = CounterKey(7);
         cache.insert(key, &limits(5), 2, 1_000, 0, &refused(500));
         assert!(cache.get(key, &limits(5), 2, 1_200).is_some());
-        assert!(cache.get(key, &limits(5), 3, 1_499).is_some());
+        assert!(cache.get(key, &limits(5), 2, 1_499).is_some());
         assert!(
             cache.get(key, &limits(5), 1, 1_200).is_none(),
             "smaller cost asks the store"
+        );
+        assert!(
+            cache.get(key, &limits(5), 3, 1_200).is_none(),
+            "a larger cost waits longer than the entry knows: the store answers it"
         );
         assert!(
             cache.get(key, &limits(5), 2, 1_500).is_none(),

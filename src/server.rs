@@ -142,7 +142,10 @@ pub async fn run(
         })?;
     match settings.store {
         StoreKind::Memory => {
-            let store = Arc::new(MemoryStore::new(settings.memory_max_keys, clock.clone()));
+            let store = Arc::new(
+                MemoryStore::new(settings.memory_max_keys, clock.clone())
+                    .counting_evictions_in(metrics.memory_evictions.clone()),
+            );
             let sweeper = store.clone();
             let sweep = tokio::spawn(async move {
                 let mut tick = tokio::time::interval(SWEEP_INTERVAL);

@@ -163,3 +163,20 @@ async fn global_shadow_mode_is_reported_too() {
     assert_eq!(rule["top_keys"][0]["count"], 3);
     server.stop().await;
 }
+
+/// A full memory store's evictions show in `sluice_memory_evictions_total` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_evictions_are_counted_in_the_metric() {
+    // 64 keys at most: one per shard.
+    let server = start(&[], &["--memory-max-keys", "64"]).await;
+    let mut client = server.client().await;
+    for user in 0..300 {
+        client
+            .should_rate_limit(request("ip", &format!("10.0.0.{user}")))
+            .await
+            .expect("answered");
+    }
+    let evicted = server.metrics().await.get("sluice_memory_evictions_total");
+    assert!(evicted >= 300.0 - 64.0, "evictions counted: {evicted}");
+    server.stop().await;
+}

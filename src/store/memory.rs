@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus_client::metrics::counter::Counter;
 
 use crate::algorithm::{self, Decision, Micros, State};
 use crate::clock::Clock;
@@ -28,8 +29,9 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     /// Most entries one shard may hold (`--memory-max-keys` / shards, at least 1).
     shard_capacity: usize,
-    /// Live entries dropped because a shard was full.
-    evictions: AtomicU64,
+    /// Live entries dropped because a shard was full: a metric's counter when one is
+    /// given ([`MemoryStore::counting_evictions_in`]), else the store's own.
+    evictions: Counter,
 }
 
 /// One shard of the map.
@@ -80,8 +82,15 @@ impl MemoryStore {
             shards,
             clock,
             shard_capacity: (max_keys / SHARDS).max(1),
-            evictions: AtomicU64::new(0),
+            evictions: Counter::default(),
         }
+    }
+
+    /// Counts evictions in `counter` (the `sluice_memory_evictions_total` metric), as
+    /// they happen.
+    pub fn counting_evictions_in(mut self, counter: Counter) -> Self {
+        self.evictions = counter;
+        self
     }
 
     /// Number of limit states held now (expired ones included until swept).
@@ -96,7 +105,7 @@ impl MemoryStore {
 
     /// Live entries evicted so far because the store was full.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.evictions.get()
     }
 
     /// Drops every entry whose state is back to fresh. Called periodically by the server.
@@ -131,7 +140,7 @@ impl MemoryStore {
             let expires_at = algorithm::expires_at(&next, &limit.quota);
             let evicted = shard.insert(key, next, expires_at, now, self.shard_capacity);
             if evicted {
-                self.evictions.fetch_add(1, Ordering::Relaxed);
+                self.evictions.inc();
             }
         }
     }

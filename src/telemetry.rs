@@ -1,10 +1,11 @@
 //! Metrics (Prometheus text via `prometheus-client`) and log setup.
 //!
 //! Labels are bounded by configuration, never by descriptor values, except the stats
-//! keys of `detailed_metric` rules, which are capped at [`MAX_RULE_LABELS`]. The `rule`
-//! label is the reference's stats key, so dashboards built on envoyproxy/ratelimit's
-//! `ratelimit.service.rate_limit.<key>.<stat>` map one to one onto
-//! `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
+//! keys built from request values (`detailed_metric`, `value_to_metric`, limit
+//! overrides), which are capped at [`MAX_RULE_LABELS`] values of at most
+//! [`MAX_RULE_LABEL_BYTES`]. The `rule` label is the reference's statistic name, so
+//! dashboards built on envoyproxy/ratelimit's `ratelimit.service.rate_limit.<key>.<stat>`
+//! map one to one onto `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -20,6 +21,10 @@ use prometheus_client::registry::Registry;
 
 /// Most distinct `rule` label values; further detailed-metric keys share `overflow`.
 pub const MAX_RULE_LABELS: usize = 10_000;
+
+/// Longest `rule` label built from request values; a longer key is cut (at a character
+/// boundary) and ends in `...`.
+pub const MAX_RULE_LABEL_BYTES: usize = 256;
 
 /// Label of a per-rule hit statistic.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -411,8 +416,20 @@ impl Metrics {
         }
     }
 
-    /// The label for a request-specific stats key (`detailed_metric`), capped.
+    /// The label for a stats key built from request values (`detailed_metric`,
+    /// `value_to_metric`, overrides), capped in length and in number.
     pub fn rule_label(&self, stats_key: &str) -> Arc<str> {
+        let cut;
+        let stats_key = if stats_key.len() > MAX_RULE_LABEL_BYTES {
+            let mut end = MAX_RULE_LABEL_BYTES - 3;
+            while !stats_key.is_char_boundary(end) {
+                end -= 1;
+            }
+            cut = format!("{}...", &stats_key[..end]);
+            cut.as_str()
+        } else {
+            stats_key
+        };
         let mut labels = self
             .rule_labels
             .lock()

@@ -180,3 +180,41 @@ async fn memory_evictions_are_counted_in_the_metric() {
     assert!(evicted >= 300.0 - 64.0, "evictions counted: {evicted}");
     server.stop().await;
 }
+
+/// A `rule` label built from request values (here a limit override's) is the
+/// reference's statistic name (`:`, `|` and IPv4 dots as `_`), at most 256 bytes long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_built_rule_labels_are_named_as_the_reference_and_capped() {
+    use sluice::proto::common::rate_limit_descriptor::RateLimitOverride;
+    let server = start(&[], &[]).await;
+    let mut client = server.client().await;
+    let long = "x".repeat(1000);
+    for value in ["10.1.2.3", "a:b|c", long.as_str()] {
+        let mut request = request("ip", value);
+        request.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: sluice::proto::types::RateLimitUnit::Hour as i32,
+        });
+        client.should_rate_limit(request).await.expect("answered");
+    }
+    let metrics = server.metrics().await;
+    for name in ["web.ip_10_1_2_3", "web.ip_a_b_c"] {
+        let sample = format!("sluice_rule_hits_total{{rule=\"{name}\",stat=\"total_hits\"}}");
+        assert_eq!(metrics.get(&sample), 1.0, "{sample}");
+    }
+    let long_labels: Vec<&String> = metrics
+        .0
+        .keys()
+        .filter(|name| name.contains("xxxx"))
+        .collect();
+    assert!(!long_labels.is_empty());
+    for name in long_labels {
+        let label = name
+            .split("rule=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("a rule label");
+        assert!(label.len() <= 256 && label.ends_with("..."), "{label}");
+    }
+    server.stop().await;
+}

@@ -24,7 +24,9 @@ use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
-use crate::rules::{Entry, FailureMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules};
+use crate::rules::{
+    stats_name, Entry, FailureMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules,
+};
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
 use blocked::BlockedCache;
@@ -274,9 +276,9 @@ impl<S: Store> Limiter<S> {
             }
             let stats_label = match &matched.stats_key {
                 Cow::Borrowed(key) if *key == &*matched.rule.stats_key => {
-                    matched.rule.stats_key.clone()
+                    matched.rule.stats_label.clone()
                 }
-                key => self.metrics.rule_label(key),
+                key => self.metrics.rule_label(&stats_name(key)),
             };
             let hits = descriptor.hits_addend.unwrap_or(request_hits);
             if checks.capacity() == 0 {

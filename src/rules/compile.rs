@@ -192,9 +192,15 @@ impl Builder {
         raw: &RawDescriptor,
     ) -> Option<Arc<Rule>> {
         let spec = rule_limits(place.file, path, raw, &mut self.errors)?;
+        let stats_key: Arc<str> = stats_key.into();
+        let stats_label = match super::stats_name(&stats_key) {
+            std::borrow::Cow::Borrowed(_) => stats_key.clone(),
+            std::borrow::Cow::Owned(name) => name.into(),
+        };
         let rule = Arc::new(Rule {
             domain: place.domain.clone(),
-            stats_key: stats_key.into(),
+            stats_key,
+            stats_label,
             config_path: format!("{}: {path}", place.file).into(),
             name: spec.name,
             limits: spec.limits,

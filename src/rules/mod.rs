@@ -15,6 +15,7 @@ pub mod live;
 mod load;
 mod model;
 mod schema;
+mod stats_name;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -26,6 +27,7 @@ pub use limits::MAX_SLIDING_LOG_LIMIT;
 pub use load::read_config_path;
 pub use model::*;
 pub use schema::MAX_FILE_BYTES;
+pub use stats_name::stats_name;
 
 use crate::algorithm::AlgorithmKind;
 use compile::Builder;
@@ -204,9 +206,13 @@ fn override_match<'r>(
             key.push_str(entry.value);
         }
     }
+    let stats_key: Arc<str> = key.as_str().into();
     let rule = Rule {
         domain: domain.clone(),
-        stats_key: key.as_str().into(),
+        // The request's values: the limiter labels its metrics through the capped
+        // `Metrics::rule_label`, never with this.
+        stats_label: stats_key.clone(),
+        stats_key,
         config_path: "limit override from the request".into(),
         name: None,
         limits: vec![Limit {

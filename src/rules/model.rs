@@ -156,6 +156,9 @@ pub struct Rule {
     /// The reference's stats key for this node (`domain.key_value.key2`), used as the
     /// `rule` metric label and in `/rlconfig`.
     pub stats_key: Arc<str>,
+    /// The `rule` metric label: the stats key as the reference names its statistics
+    /// ([`stats_name`](crate::rules::stats_name)); the same string for nearly every rule.
+    pub stats_label: Arc<str>,
     /// Where the rule came from, for humans: `file.yaml: descriptors[0].descriptors[1]`.
     pub config_path: Arc<str>,
     /// The limit's `name` (reported in `current_limit.name`), if any.

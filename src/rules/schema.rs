@@ -119,6 +119,9 @@ fn yaml_options() -> serde_saphyr::Options {
             max_documents: 1,
         },
         alias_limits: alias_limits,
+        // yaml.v2 (the reference) reads `0123` as an octal integer, so such a value loads
+        // there (as the text "0123" in a string field, as 83 in a number field).
+        legacy_octal_numbers: true,
     }
 }
 

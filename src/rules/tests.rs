@@ -413,3 +413,23 @@ fn lease_compiles_and_is_validated() {
         "{several:?}"
     );
 }
+
+/// Zero-prefixed numbers read as yaml.v2 (the reference) reads them: `0123` is an octal
+/// integer, so a value loads as its text and a limit as its octal number; `0800` is
+/// no octal integer but a float there, which its key check refuses.
+#[test]
+fn zero_prefixed_numbers_load_as_in_the_reference() {
+    let rules = compile("domain: d\ndescriptors:\n  - key: zip\n    value: 0123\n    rate_limit: {unit: hour, requests_per_unit: 010}\n").unwrap();
+    let Lookup::Matched(matched) = rules.lookup("d", &entries(&[("zip", "0123")]), None) else {
+        panic!("the value is the text 0123");
+    };
+    assert_eq!(matched.rule.limits[0].requests_per_unit, 8);
+    for value in ["0800", "08"] {
+        let text = format!("domain: d\ndescriptors:\n  - key: zip\n    value: {value}\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n");
+        assert_eq!(
+            errors(&text),
+            vec!["t.yaml: error checking config"],
+            "{value}"
+        );
+    }
+}

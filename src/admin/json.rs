@@ -154,11 +154,22 @@ fn value_to_json(value: &prost_types::Value) -> Value {
     use prost_types::value::Kind;
     match &value.kind {
         None | Some(Kind::NullValue(_)) => Value::Null,
-        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::NumberValue(n)) => number_to_json(*n),
         Some(Kind::StringValue(s)) => json!(s),
         Some(Kind::BoolValue(b)) => json!(b),
         Some(Kind::StructValue(s)) => struct_to_json(s),
         Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_to_json).collect()),
+    }
+}
+
+/// A number as proto3 JSON (Go's protojson) writes it: a whole number without a
+/// fraction (`2`, not `2.0`), any other as the shortest decimal.
+fn number_to_json(n: f64) -> Value {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact
+    if n.fract() == 0.0 && n.abs() < EXACT {
+        json!(n as i64)
+    } else {
+        json!(n)
     }
 }
 
@@ -186,13 +197,59 @@ fn string_field(object: &Map<String, Value>, names: &[&str]) -> Result<Option<St
     }
 }
 
-/// A proto3 JSON unsigned integer: a number or a decimal string.
+/// A proto3 JSON unsigned integer: a number or a decimal string, in any spelling of a
+/// whole number (`2`, `2.0`, `1e1`), as Go's protojson reads it.
 fn uint_field(object: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, JsonError> {
     let bad = || JsonError(format!("{} must be a non-negative integer", names[0]));
+    let whole = |n: &serde_json::Number| {
+        n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 18_446_744_073_709_551_616.0)
+                .map(|f| f as u64)
+        })
+    };
     match field(object, names) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(bad),
-        Some(Value::String(s)) => s.parse().map(Some).map_err(|_| bad()),
+        Some(Value::Number(n)) => whole(n).map(Some).ok_or_else(bad),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse::<serde_json::Number>()
+            .ok()
+            .filter(|_| s.trim() == s)
+            .as_ref()
+            .and_then(whole)
+            .map(Some)
+            .ok_or_else(bad),
         Some(_) => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_numbers_read_and_write_as_protojson_does() {
+        for (text, read) in [
+            ("2", Some(2)),
+            ("2.0", Some(2)),
+            ("1e1", Some(10)),
+            ("\"7\"", Some(7)),
+            ("\"1e1\"", Some(10)),
+            ("2.5", None),
+            ("-1", None),
+            ("\" 7\"", None),
+            ("1e30", None),
+        ] {
+            let object: Map<String, Value> =
+                serde_json::from_str(&format!("{{\"hitsAddend\": {text}}}")).expect("JSON");
+            assert_eq!(
+                uint_field(&object, &["hitsAddend"]).ok().flatten(),
+                read,
+                "{text}"
+            );
+        }
+        assert_eq!(number_to_json(2.0).to_string(), "2");
+        assert_eq!(number_to_json(2.5).to_string(), "2.5");
     }
 }

@@ -145,7 +145,11 @@ async fn shadow_report_lists_would_be_refusals_per_rule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_shadow_mode_is_reported_too() {
-    let server = start(&[("SHADOW_MODE", "true")], &["--debug-endpoints"]).await;
+    let server = start(
+        &[("SHADOW_MODE", "true")],
+        &["--debug-endpoints", "--response-headers", "all"],
+    )
+    .await;
     let mut client = server.client().await;
     for _ in 0..4 {
         let response = client
@@ -154,6 +158,13 @@ async fn global_shadow_mode_is_reported_too() {
             .expect("call")
             .into_inner();
         assert_eq!(response.overall_code, Code::Ok as i32);
+        let headers = &response.response_headers_to_add;
+        assert!(headers.iter().any(|h| h.key == "RateLimit-Remaining"));
+        // Let through: no client is told to wait.
+        assert!(
+            !headers.iter().any(|h| h.key == "Retry-After"),
+            "{headers:?}"
+        );
     }
     let report = get_json(&server, "/debug/shadow").await;
     let rule = &report["rules"][0];

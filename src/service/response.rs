@@ -142,17 +142,18 @@ pub fn build(
         Code::Ok
     };
 
-    let mut response = RateLimitResponse::default();
-    if let Some(index) = headline {
-        if let (Verdict::Limited(limited), Some(status)) = (&verdicts[index], statuses.get(index)) {
-            let retry_after = (overall == Code::OverLimit).then_some(longest_retry);
-            response.response_headers_to_add = headers(limited, status, retry_after, options);
-        }
-    }
     let mut shadowed = false;
     if overall == Code::OverLimit && options.global_shadow_mode {
         overall = Code::Ok;
         shadowed = true;
+    }
+    let mut response = RateLimitResponse::default();
+    if let Some(index) = headline {
+        if let (Verdict::Limited(limited), Some(status)) = (&verdicts[index], statuses.get(index)) {
+            // `Retry-After` only on a refusal: never on what global shadow mode let pass.
+            let retry_after = (overall == Code::OverLimit).then_some(longest_retry);
+            response.response_headers_to_add = headers(limited, status, retry_after, options);
+        }
     }
     if options.dynamic_metadata {
         let available: Vec<usize> = passed

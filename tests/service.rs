@@ -110,10 +110,12 @@ async fn token_bucket_burst_then_refill() {
     assert_eq!(codes(&responses), vec![OK, OK, OK, OK, OK, OVER]);
     let refused = &responses[5];
     assert_eq!(header(refused, "Retry-After"), Some("1"));
+    // 1 a second with a burst of 5: the bucket's capacity, refilled in 5 s.
     assert_eq!(
         header(refused, "RateLimit-Policy"),
-        Some("\"api.bucket\";q=1;w=1")
+        Some("\"api.bucket\";q=5;w=5")
     );
+    assert_eq!(header(&responses[0], "RateLimit-Limit"), Some("5"));
     assert!(header(refused, "RateLimit").is_some_and(|v| v.starts_with("\"api.bucket\";r=0;t=")));
     assert_eq!(header(&responses[0], "RateLimit-Remaining"), Some("4"));
     tokio::time::sleep(Duration::from_millis(1_050)).await;

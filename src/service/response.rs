@@ -247,12 +247,19 @@ fn headers(
         value,
         raw_value: Vec::new(),
     };
+    // A bucket whose burst is above its rate holds more than one unit's worth: the
+    // headers describe its capacity, refilled over the time that takes, so that what
+    // remains is never above the limit they state.
+    let rate = u64::from(limit.requests_per_unit);
+    let capacity = u64::from(limit.burst.unwrap_or(limit.requests_per_unit)).max(rate);
+    let window = if capacity > rate {
+        (limit.unit.seconds().saturating_mul(capacity)).div_ceil(rate.max(1))
+    } else {
+        limit.unit.seconds()
+    };
     let mut out = Vec::new();
     if matches!(options.header_mode, HeaderMode::Reference | HeaderMode::All) {
-        out.push(header(
-            &options.limit_header,
-            limit.requests_per_unit.to_string(),
-        ));
+        out.push(header(&options.limit_header, capacity.to_string()));
         out.push(header(
             &options.remaining_header,
             status.limit_remaining.to_string(),
@@ -268,11 +275,7 @@ fn headers(
             .replace(['"', '\\'], "_");
         out.push(header(
             "RateLimit-Policy",
-            format!(
-                "\"{name}\";q={};w={}",
-                limit.requests_per_unit,
-                limit.unit.seconds()
-            ),
+            format!("\"{name}\";q={capacity};w={window}"),
         ));
         out.push(header(
             "RateLimit",

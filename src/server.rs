@@ -361,6 +361,11 @@ impl ReloadObserver for ReloadReporter {
                         .config_reloads
                         .get_or_create(&ResultLabel { result: "error" })
                         .inc();
+                    let outcome = if self.rules.current().is_some() {
+                        "rules not loaded; previous rules keep serving"
+                    } else {
+                        "rules not loaded; not ready until they load"
+                    };
                     for error in errors {
                         let (line, column) = error.position();
                         tracing::error!(
@@ -368,7 +373,7 @@ impl ReloadObserver for ReloadReporter {
                             line,
                             column,
                             reason = %error.reason(),
-                            "rules not loaded; previous rules keep serving"
+                            "{outcome}"
                         );
                     }
                 }

@@ -4,8 +4,10 @@
 //! `.`) are skipped: dotfiles, editor swap files, and Kubernetes ConfigMap internals
 //! (`..data`, `..2024_01_01_...`), whose files are reached once through the visible
 //! symlinks (`rules.yaml -> ..data/rules.yaml`). Symlinks in the visible tree are
-//! followed; a directory already being read (a symlink loop) is not entered again.
+//! followed; a directory already being read (a symlink loop) is not entered again, and
+//! a file reached a second time (two links to it) is read once, under its first name.
 
+use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -25,23 +27,28 @@ pub fn read_config_path(path: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
         );
         return Ok(vec![read_file(path, name)?]);
     }
-    let mut files = Vec::new();
-    let mut open_dirs = Vec::new();
-    read_dir(path, "", &mut open_dirs, &mut files)?;
-    Ok(files)
+    let mut walk = Walk::default();
+    read_dir(path, "", &mut walk)?;
+    Ok(walk.files)
 }
 
-fn read_dir(
-    dir: &Path,
-    prefix: &str,
-    open_dirs: &mut Vec<PathBuf>,
-    files: &mut Vec<ConfigFile>,
-) -> Result<(), ConfigError> {
+/// What a directory walk has seen and read.
+#[derive(Default)]
+struct Walk {
+    /// Canonical paths of the directories being read, outermost first.
+    open_dirs: Vec<PathBuf>,
+    /// Canonical paths of the files read.
+    read: HashSet<PathBuf>,
+    /// The files read, in walk order.
+    files: Vec<ConfigFile>,
+}
+
+fn read_dir(dir: &Path, prefix: &str, walk: &mut Walk) -> Result<(), ConfigError> {
     let canonical = std::fs::canonicalize(dir).map_err(|source| io_error(dir, source))?;
-    if open_dirs.contains(&canonical) {
+    if walk.open_dirs.contains(&canonical) {
         return Ok(());
     }
-    open_dirs.push(canonical);
+    walk.open_dirs.push(canonical);
     let mut entries = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|source| io_error(dir, source))? {
         let entry = entry.map_err(|source| io_error(dir, source))?;
@@ -56,12 +63,16 @@ fn read_dir(
         let metadata = std::fs::metadata(&path).map_err(|source| io_error(&path, source))?;
         let relative = format!("{prefix}{name}");
         if metadata.is_dir() {
-            read_dir(&path, &format!("{relative}/"), open_dirs, files)?;
+            read_dir(&path, &format!("{relative}/"), walk)?;
         } else if metadata.is_file() && is_yaml(&name) {
-            files.push(read_file(&path, relative)?);
+            let canonical =
+                std::fs::canonicalize(&path).map_err(|source| io_error(&path, source))?;
+            if walk.read.insert(canonical) {
+                walk.files.push(read_file(&path, relative)?);
+            }
         }
     }
-    open_dirs.pop();
+    walk.open_dirs.pop();
     Ok(())
 }
 

@@ -284,6 +284,8 @@ fn read_config_path_skips_hidden_and_follows_symlinks() {
     std::os::unix::fs::symlink(".", root.join("sub2")).unwrap_or(());
     std::fs::write(root.join(".hidden.yaml"), "domain: c\n").unwrap();
     std::fs::write(root.join("notes.txt"), "x").unwrap();
+    // A second link to a file read already: read once, under its first name.
+    std::os::unix::fs::symlink("sub/more.yml", root.join("z-link.yaml")).unwrap();
     let files = read_config_path(root).unwrap();
     let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
     // `sub2 -> .` is a loop: not entered again.

@@ -4,6 +4,7 @@
 //! envoyproxy/ratelimit variable that maps to it; otherwise the default. Reference
 //! variables without meaning here are accepted and reported once as ignored.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -286,16 +287,31 @@ pub struct Settings {
 }
 
 /// A setting that could not be understood.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid value {value:?} for {name}: {reason}")]
+#[derive(Debug)]
 pub struct SettingsError {
     /// Variable or flag name.
     pub name: String,
-    /// What was given.
+    /// What was given; empty when the error is about a combination of settings.
     pub value: String,
     /// Why it is wrong.
     pub reason: String,
 }
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.name, self.reason)
+        } else {
+            write!(
+                f,
+                "invalid value {:?} for {}: {}",
+                self.value, self.name, self.reason
+            )
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {}
 
 /// Reference variables accepted and ignored (no meaning for Sluice).
 const IGNORED_REFERENCE_ENV: &[&str] = &[

@@ -246,7 +246,13 @@ fn tls_settings_that_cannot_work_are_refused_at_start() {
         &[]
     )
     .is_err());
-    assert!(resolve(&["sluice", "serve"], &[("GRPC_SERVER_USE_TLS", "true")]).is_err());
+    let error = resolve(&["sluice", "serve"], &[("GRPC_SERVER_USE_TLS", "true")])
+        .expect_err("TLS without files");
+    // A combination of settings, not a value: no `invalid value ""`.
+    assert_eq!(
+        error.to_string(),
+        "GRPC_SERVER_USE_TLS: TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"
+    );
     // Without GRPC_SERVER_USE_TLS the reference ignores its TLS file variables.
     assert_eq!(
         resolve(&["sluice", "serve"], &[("GRPC_SERVER_TLS_CERT", "c")]).expect("ignored"),

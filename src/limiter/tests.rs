@@ -36,11 +36,34 @@ descriptors:
 "#;
 
 fn rules() -> Rules {
+    compile_one(RULES)
+}
+
+/// `text` compiled as one rule file.
+fn compile_one(text: &str) -> Rules {
     let file = ConfigFile {
-        name: "d.yaml".into(),
-        text: RULES.into(),
+        name: "t.yaml".into(),
+        text: text.into(),
     };
     Rules::compile(&[file], &LoadOptions::default()).expect("rules compile")
+}
+
+/// `text` compiled as one rule file, and a limiter with `settings` on a fresh memory
+/// store.
+fn on_memory(
+    text: &str,
+    settings: LimiterSettings,
+) -> (
+    Rules,
+    Limiter<crate::store::memory::MemoryStore>,
+    Arc<Metrics>,
+) {
+    let rules = compile_one(text);
+    let metrics = Arc::new(Metrics::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = crate::store::memory::MemoryStore::new(100, clock.clone());
+    let limiter = Limiter::new(store, clock, settings, metrics.clone());
+    (rules, limiter, metrics)
 }
 
 fn limiter(metrics: Arc<Metrics>) -> Limiter<DownStore> {
@@ -160,11 +183,7 @@ impl Store for DownSharedStore {
 
 #[tokio::test]
 async fn a_failed_lease_call_is_answered_by_the_failure_mode_without_a_second_call() {
-    let file = ConfigFile {
-        name: "l.yaml".into(),
-        text: "domain: d\ndescriptors:\n  - key: closed\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: closed}\n  - key: error\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: error}\n".into(),
-    };
-    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
+    let rules = compile_one("domain: d\ndescriptors:\n  - key: closed\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: closed}\n  - key: error\n    rate_limit: {unit: minute, requests_per_unit: 40, lease: 4, failure_mode: error}\n");
     let metrics = Arc::new(Metrics::new());
     let limiter = Limiter::new(
         DownSharedStore::default(),
@@ -198,20 +217,12 @@ async fn a_failed_lease_call_is_answered_by_the_failure_mode_without_a_second_ca
 
 #[tokio::test]
 async fn shadow_rules_skip_the_blocked_cache_unless_in_reference_local_cache_mode() {
-    let file = ConfigFile {
-        name: "s.yaml".into(),
-        text: "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n".into(),
-    };
-    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
     for report_local_cache in [false, true] {
-        let metrics = Arc::new(Metrics::new());
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let store = crate::store::memory::MemoryStore::new(100, clock.clone());
         let settings = LimiterSettings {
             report_local_cache,
             ..LimiterSettings::default()
         };
-        let limiter = Limiter::new(store, clock, settings, metrics.clone());
+        let (rules, limiter, metrics) = on_memory(SHADOW, settings);
         for _ in 0..4 {
             let verdicts = limiter
                 .check(&rules, &request("shadow"))
@@ -229,20 +240,16 @@ async fn shadow_rules_skip_the_blocked_cache_unless_in_reference_local_cache_mod
     }
 }
 
+/// One shadow rule: 1 an hour.
+const SHADOW: &str =
+    "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
 /// A shadow rule counts in `shadow_mode` the hits past its limit, as `over_limit` does:
 /// a request of 3 hits on a fresh limit of 1 counts 2 (the reference's
 /// `increaseShadowModeStats`), and every hit of a request already over it.
 #[tokio::test]
 async fn shadow_mode_counts_the_hits_past_the_limit() {
-    let file = ConfigFile {
-        name: "s.yaml".into(),
-        text: "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n".into(),
-    };
-    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
-    let metrics = Arc::new(Metrics::new());
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = crate::store::memory::MemoryStore::new(100, clock.clone());
-    let limiter = Limiter::new(store, clock, LimiterSettings::default(), metrics.clone());
+    let (rules, limiter, metrics) = on_memory(SHADOW, LimiterSettings::default());
     let stat = |name: &str| {
         let text = metrics.encode();
         let sample = format!(r#"sluice_rule_hits_total{{rule="d.shadow",stat="{name}"}} "#);
@@ -264,18 +271,9 @@ async fn shadow_mode_counts_the_hits_past_the_limit() {
 /// rules aside).
 #[tokio::test]
 async fn an_unlimited_rule_replaces_too() {
-    let file = ConfigFile {
-        name: "u.yaml".into(),
-        text: "domain: d\ndescriptors:\n  - key: named\n    rate_limit: {unit: hour, requests_per_unit: 1, name: one}\n  - key: free\n    rate_limit: {unlimited: true, replaces: [{name: one}]}\n".into(),
-    };
-    let rules = Rules::compile(&[file], &LoadOptions::default()).expect("rules compile");
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = crate::store::memory::MemoryStore::new(100, clock.clone());
-    let limiter = Limiter::new(
-        store,
-        clock,
+    let (rules, limiter, _) = on_memory(
+        "domain: d\ndescriptors:\n  - key: named\n    rate_limit: {unit: hour, requests_per_unit: 1, name: one}\n  - key: free\n    rate_limit: {unlimited: true, replaces: [{name: one}]}\n",
         LimiterSettings::default(),
-        Arc::new(Metrics::new()),
     );
     for keys in [["named", "free"], ["free", "named"]] {
         let mut request = request(keys[0]);

@@ -609,3 +609,79 @@ async fn a_primary_without_functions_falls_back_alone() {
     .await;
     server.stop().await;
 }
+
+/// A request whose descriptors live on two shards, one of them down (its primary
+/// killed, no replica): the healthy shard's descriptor is answered by Redis and charged
+/// once, exactly; only the dead shard's takes its failure mode. `/status` says
+/// `degraded`, not `down`: two of three primaries serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_shard_fails_only_its_own_descriptors() {
+    use sluice::proto::common::rate_limit_descriptor::Entry;
+    use sluice::proto::common::RateLimitDescriptor;
+    use sluice::proto::rls::rate_limit_response::Code;
+    use sluice::proto::rls::RateLimitRequest;
+
+    let _serial = serial().await;
+    let mut cluster = RedisCluster::start();
+    let place = Placement::pick(&cluster);
+    let server = sluice(&cluster).await;
+    let descriptor = |value: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: "closed".into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    };
+    let both = || RateLimitRequest {
+        domain: support::fault::DOMAIN.into(),
+        descriptors: vec![descriptor(place.affected), descriptor(place.healthy)],
+        hits_addend: 1,
+    };
+    let mut client = server.client().await;
+    let answer = client
+        .should_rate_limit(both())
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(
+        answer.overall_code,
+        Code::Ok as i32,
+        "both shards up: {answer:?}"
+    );
+
+    cluster.nodes[place.primary].kill();
+    let before = counter(&cluster, place.healthy);
+    const CALLS: u64 = 20;
+    for call in 0..CALLS {
+        let answer = client
+            .should_rate_limit(both())
+            .await
+            .expect("answered")
+            .into_inner();
+        let codes: Vec<i32> = answer.statuses.iter().map(|status| status.code).collect();
+        assert_eq!(
+            codes,
+            [Code::OverLimit as i32, Code::Ok as i32],
+            "call {call}: the dead shard's descriptor closed, the healthy one from Redis"
+        );
+        let remaining = answer.statuses[1].limit_remaining;
+        assert!(
+            remaining < 1_000_000_000,
+            "call {call}: Redis's count, not a failure mode's"
+        );
+    }
+    assert_eq!(
+        counter(&cluster, place.healthy) - before,
+        CALLS,
+        "the healthy descriptor is charged once per call"
+    );
+    eventually(|| async {
+        let status = server.status().await;
+        match status["store"]["health"].as_str() {
+            Some("degraded") => Ok(()),
+            other => Err(format!("store health {other:?}: {status}")),
+        }
+    })
+    .await;
+    server.stop().await;
+}

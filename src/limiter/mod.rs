@@ -398,32 +398,78 @@ impl<S: Store> Limiter<S> {
             ))),
             other => other,
         };
-        let decided_by = if answered.is_ok() {
-            DecidedBy::Store
-        } else {
-            DecidedBy::FailureMode
-        };
+        // Who decided each check: the store, unless it failed for all of them or (a
+        // cluster shard down) for some, which their rules' failure modes then answer.
+        let mut by_store: Option<Vec<bool>> = None;
         if let Err(error) = answered {
-            decisions.clear();
-            for (item, check) in pending.iter().zip(&checks) {
+            let (error, failed) = match error {
+                StoreError::Partly { failed, error } if decisions.len() == expected => {
+                    (*error, Some(failed))
+                }
+                error => {
+                    decisions.clear();
+                    decisions.resize(expected, Decision::default());
+                    (error, None)
+                }
+            };
+            let decided = Box::pin(self.answer_failed(
+                &pending,
+                &checks,
+                failed.as_deref(),
+                error,
+                &mut decisions,
+            ))
+            .await?;
+            by_store = Some(decided);
+        }
+
+        let mut offset = 0;
+        for (position, (item, check)) in pending.into_iter().zip(&checks).enumerate() {
+            let limit_decisions = &decisions[offset..offset + check.limits.len()];
+            offset += check.limits.len();
+            let index = item.index;
+            let decided_by = match &by_store {
+                Some(by_store) if !by_store[position] => DecidedBy::FailureMode,
+                _ => DecidedBy::Store,
+            };
+            verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
+        }
+        Ok(verdicts)
+    }
+
+    /// Puts the failure modes' answers in place of the decisions of the checks the
+    /// store failed: those listed in `failed`, or all of them (`None`). Fails the call
+    /// when one of them is in the `error` mode. Which checks the store decided.
+    async fn answer_failed(
+        &self,
+        pending: &[Pending<'_>],
+        checks: &[StoreCheck],
+        failed: Option<&[usize]>,
+        error: StoreError,
+        decisions: &mut [Decision],
+    ) -> Result<Vec<bool>, LimiterError> {
+        let mut by_store = vec![true; checks.len()];
+        let mut answer = Vec::new();
+        let mut offset = 0;
+        for (position, (item, check)) in pending.iter().zip(checks).enumerate() {
+            let n = check.limits.len();
+            if failed.is_none_or(|failed| failed.binary_search(&position).is_ok()) {
                 let mode = Fallback::mode(&item.rule);
                 self.metrics
                     .store_fallback(&item.stats_label, fallback::mode_name(mode));
                 if mode == FailureMode::Error {
                     return Err(LimiterError::Store(error));
                 }
-                Box::pin(self.fallback.decide(mode, check, &mut decisions)).await;
+                answer.clear();
+                self.fallback.decide(mode, check, &mut answer).await;
+                for (slot, decided) in decisions[offset..offset + n].iter_mut().zip(&answer) {
+                    *slot = *decided;
+                }
+                by_store[position] = false;
             }
+            offset += n;
         }
-
-        let mut offset = 0;
-        for (item, check) in pending.into_iter().zip(&checks) {
-            let limit_decisions = &decisions[offset..offset + check.limits.len()];
-            offset += check.limits.len();
-            let index = item.index;
-            verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
-        }
-        Ok(verdicts)
+        Ok(by_store)
     }
 
     /// The reference's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: if any descriptor would

@@ -89,6 +89,16 @@ pub enum StoreError {
     /// The store is out of memory and refuses writes (`maxmemory` with `noeviction`).
     #[error("store out of memory: {0}")]
     OutOfMemory(String),
+    /// Only some checks of a call failed (a cluster shard down, its breaker open): those
+    /// (indexes into the call's checks) with `error`. The others were decided, and
+    /// charged, as if alone; their decisions are in place, the failed ones' are not.
+    #[error("{error} ({} of the checks)", failed.len())]
+    Partly {
+        /// Indexes of the failed checks, ascending.
+        failed: Vec<usize>,
+        /// What the first of them failed with.
+        error: Box<StoreError>,
+    },
 }
 
 impl StoreError {
@@ -102,6 +112,7 @@ impl StoreError {
             Self::Auth(_) => "auth",
             Self::NoPermission(_) => "noperm",
             Self::OutOfMemory(_) => "oom",
+            Self::Partly { error, .. } => error.kind(),
         }
     }
 }
@@ -115,7 +126,8 @@ impl StoreError {
 /// `stop_increment_when_over_limit` setting decides before it charges).
 pub trait Store: Send + Sync + 'static {
     /// Decides `checks`, appending one decision per limit, in order, to `decisions`
-    /// (left empty or partly filled on an error).
+    /// (left empty or partly filled on an error; on [`StoreError::Partly`], filled for
+    /// every check, the failed ones' with placeholders).
     fn check(
         &self,
         checks: &[StoreCheck],
@@ -157,8 +169,8 @@ pub trait Store: Send + Sync + 'static {
 /// What `/status` shows of a store. Never part of readiness (DESIGN §1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreStatus {
-    /// `ok`, `degraded` (some node's breaker is not closed), `down` (not connected, or
-    /// every breaker open) or `connecting` (never connected yet).
+    /// `ok`, `degraded` (some node's breaker is not closed, or some node is not
+    /// connected) or `down` (no node connected, or every breaker open).
     pub health: &'static str,
     /// Breaker state (JSON), `null` for stores without one.
     pub breaker: serde_json::Value,

@@ -59,19 +59,23 @@ pub struct Job {
     /// The caller's decisions so far; the job's (one per limit, in order) are appended
     /// and the vector goes back through `reply`.
     pub decisions: Vec<Decision>,
-    /// Where the decisions go; taken when answered. Closed
+    /// Where the decisions go, with the outcome; taken when answered. Closed
     /// when the caller gave up (its own deadline): such a job is never sent.
-    pub reply: Option<oneshot::Sender<Result<Vec<Decision>, StoreError>>>,
+    pub reply: Option<oneshot::Sender<JobAnswer>>,
     /// By this instant the job is answered: past it, it is not sent, and if its batch
     /// is still out it is answered with a timeout.
     pub deadline: Instant,
 }
 
+/// A job's answer: its decisions vector (filled where its checks were decided) and
+/// the outcome: an error, or [`StoreError::Partly`] when only some checks failed.
+pub type JobAnswer = (Vec<Decision>, Result<(), StoreError>);
+
 impl Job {
     /// Answers the job, if it is not answered yet.
-    fn answer(&mut self, result: Result<Vec<Decision>, StoreError>) {
+    fn answer(&mut self, outcome: Result<(), StoreError>) {
         if let Some(reply) = self.reply.take() {
-            let _ = reply.send(result);
+            let _ = reply.send((std::mem::take(&mut self.decisions), outcome));
         }
     }
 
@@ -232,8 +236,9 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         })
         .collect();
     drop(topology);
-    // Per job: its first error, and the number of its checks not back yet.
-    let mut failures: Vec<Option<StoreError>> = vec![None; jobs.len()];
+    // Per job: its failed checks with the first error, and the number of its checks
+    // not back yet.
+    let mut failures: Vec<Option<Failed>> = (0..jobs.len()).map(|_| None).collect();
     let mut waiting: Vec<usize> = jobs.iter().map(|job| job.checks.len()).collect();
     // Each call ends by its deadline, which no job of its group is past: a job is
     // answered by its own once every call it has a check in is back.
@@ -248,9 +253,9 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                     let (mine, tail) = rest.split_at(n.min(rest.len()));
                     rest = tail;
                     if mine.len() < n {
-                        failures[member.job].get_or_insert(StoreError::Protocol(
-                            "script reply shorter than its checks".into(),
-                        ));
+                        let error =
+                            StoreError::Protocol("script reply shorter than its checks".into());
+                        Failed::add(&mut failures[member.job], member.check, || error);
                     } else {
                         job.decisions[member.at..member.at + n].copy_from_slice(mine);
                     }
@@ -258,7 +263,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             }
             Err(error) => {
                 for member in members {
-                    failures[member.job].get_or_insert_with(|| error.clone());
+                    Failed::add(&mut failures[member.job], member.check, || error.clone());
                 }
             }
         }
@@ -267,12 +272,46 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
             waiting[j] -= 1;
             if waiting[j] == 0 {
                 let job = &mut jobs[j];
-                let result = match failures[j].take() {
-                    None => Ok(std::mem::take(&mut job.decisions)),
-                    Some(error) => Err(error),
+                let outcome = match failures[j].take() {
+                    None => Ok(()),
+                    // A check of another shard was decided: say which failed.
+                    Some(failed) if failed.checks.len() < job.checks.len() => Err(failed.partly()),
+                    Some(failed) => Err(failed.error),
                 };
-                job.answer(result);
+                job.answer(outcome);
             }
+        }
+    }
+}
+
+/// A job's checks that failed, and the first error among them.
+struct Failed {
+    /// Indexes of the failed checks in the job.
+    checks: Vec<usize>,
+    /// The first failure.
+    error: StoreError,
+}
+
+impl Failed {
+    /// Records that check `check` of a job failed with `error()`.
+    fn add(failed: &mut Option<Failed>, check: usize, error: impl FnOnce() -> StoreError) {
+        match failed {
+            Some(failed) => failed.checks.push(check),
+            None => {
+                *failed = Some(Failed {
+                    checks: vec![check],
+                    error: error(),
+                })
+            }
+        }
+    }
+
+    /// The error of a job whose other checks were decided.
+    fn partly(mut self) -> StoreError {
+        self.checks.sort_unstable();
+        StoreError::Partly {
+            failed: self.checks,
+            error: Box::new(self.error),
         }
     }
 }

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use fred::prelude::{Client, EventInterface};
 
 use super::client::classify;
-use super::nodes::Topology;
+use super::nodes::{Connectivity, Topology};
 use crate::store::breaker::{Breaker, BreakerSettings, BreakerState, BreakerView, Transition};
 use crate::store::{StoreError, StoreStatus};
 use crate::telemetry::{Metrics, NodeLabel, StateLabel};
@@ -43,33 +43,42 @@ impl Health {
         }
     }
 
-    /// Whether a call touching `nodes` may go to Redis now; otherwise the error that
-    /// sends it to the failure mode at once.
-    pub fn allow<'a>(&self, nodes: impl Iterator<Item = &'a Arc<str>>) -> Result<(), StoreError> {
+    /// Which of the checks on `nodes` (a check's index and its node) may not go to
+    /// Redis now, each with the error that sends it to the failure mode at once; empty
+    /// (no allocation) when all may.
+    pub fn refused<'a>(
+        &self,
+        nodes: impl Iterator<Item = (usize, &'a Arc<str>)>,
+    ) -> Vec<(usize, StoreError)> {
         // A closed breaker lets every call through and keeps no state for it, so the
         // common case reads neither the clock nor a list; nodes whose breaker is open or
         // half-open are asked once per call (asking again could take a second probe).
         let mut now = None;
-        let mut asked: Vec<&Arc<str>> = Vec::new();
-        for node in nodes {
-            let verdict = self.with_breaker(node, |breaker| {
-                if breaker.state() == BreakerState::Closed || asked.contains(&node) {
-                    return None;
+        let mut asked: Vec<(&Arc<str>, bool)> = Vec::new();
+        let mut refused = Vec::new();
+        for (check, node) in nodes {
+            let allowed = match asked.iter().find(|(name, _)| *name == node) {
+                Some((_, allowed)) => *allowed,
+                None => {
+                    let verdict = self.with_breaker(node, |breaker| {
+                        (breaker.state() != BreakerState::Closed)
+                            .then(|| breaker.allow(*now.get_or_insert_with(Instant::now)))
+                    });
+                    let Some((allowed, transition)) = verdict else {
+                        continue;
+                    };
+                    if let Some(transition) = transition {
+                        self.report(node, transition, None);
+                    }
+                    asked.push((node, allowed));
+                    allowed
                 }
-                Some(breaker.allow(*now.get_or_insert_with(Instant::now)))
-            });
-            let Some((allowed, transition)) = verdict else {
-                continue;
             };
-            if let Some(transition) = transition {
-                self.report(node, transition, None);
-            }
             if !allowed {
-                return Err(StoreError::BreakerOpen(node.to_string()));
+                refused.push((check, StoreError::BreakerOpen(node.to_string())));
             }
-            asked.push(node);
         }
-        Ok(())
+        refused
     }
 
     /// Records the outcome of one script call on `node`.
@@ -146,7 +155,12 @@ impl Health {
     /// `/status` view: health and the breaker of every node of `topology`, and `lua`, how
     /// the store runs its scripts. Breakers of nodes that left the topology (after a
     /// failover) are dropped here, with their gauge.
-    pub fn status(&self, topology: &Topology, connected: bool, lua: &'static str) -> StoreStatus {
+    pub fn status(
+        &self,
+        topology: &Topology,
+        connectivity: Connectivity,
+        lua: &'static str,
+    ) -> StoreStatus {
         let now = Instant::now();
         let current = |name: &Arc<str>| topology.nodes().iter().any(|node| node.name == *name);
         let breakers = {
@@ -191,9 +205,10 @@ impl Health {
             .iter()
             .filter(|(_, view)| view.state != BreakerState::Closed)
             .count();
-        let health = if !connected || (open > 0 && open == views.len()) {
+        // A cluster with one primary down still serves the other shards: degraded.
+        let health = if connectivity == Connectivity::None || (open > 0 && open == views.len()) {
             "down"
-        } else if open > 0 {
+        } else if open > 0 || connectivity == Connectivity::Some {
             "degraded"
         } else {
             "ok"

@@ -38,7 +38,7 @@ use crate::store::{
 };
 use crate::telemetry::Metrics;
 use batcher::{Job, Shared};
-use nodes::Nodes;
+use nodes::{Connectivity, Nodes};
 
 /// Counters in Redis (see the module documentation).
 pub struct RedisStore {
@@ -123,9 +123,16 @@ impl RedisStore {
     /// Whether every node is known and connected now, by every lane's clients (for
     /// `/status`).
     pub fn is_connected(&self) -> bool {
+        self.connectivity() == Connectivity::All
+    }
+
+    /// The least connected of its backends (each lane has its own clients).
+    fn connectivity(&self) -> Connectivity {
         std::iter::once(&self.main)
             .chain(&self.lanes)
-            .all(|backend| backend.shared.nodes.is_connected())
+            .map(|backend| backend.shared.nodes.connectivity())
+            .min()
+            .unwrap_or(Connectivity::None)
     }
 
     /// Decides `checks` in one script call at an injected time `now` instead of Redis
@@ -182,8 +189,9 @@ impl Backend {
         Ok(Self { jobs, shared })
     }
 
-    /// Queues `checks` for the batcher and waits for their decisions; fails at once when
-    /// the breaker of a node they live on is open. Not an `async fn`: that would keep its
+    /// Queues `checks` for the batcher and waits for their decisions. A check whose node
+    /// has no route or an open breaker fails at once; the others are still sent, and the
+    /// call then fails [`StoreError::Partly`]. Not an `async fn`: that would keep its
     /// arguments twice in every request's future (as arguments and as the locals they
     /// move into).
     #[allow(clippy::manual_async_fn)] // an async fn is what this avoids
@@ -200,14 +208,23 @@ impl Backend {
             let op = if commit { "check" } else { "peek" };
             let started = Instant::now();
             self.shared.nodes.wait_known(self.shared.timeout).await;
-            let result = match self.allow(&checks) {
+            let refused = self.refused(&checks);
+            let result = if refused.is_empty() {
                 // The caller's vector travels with the job and comes back filled: no
                 // answer vector per request, no copy.
-                Ok(()) => self
+                let (filled, outcome) = self
                     .round_trip(checks, commit, std::mem::take(decisions))
-                    .await
-                    .map(|filled| *decisions = filled),
-                Err(error) => Err(error),
+                    .await;
+                *decisions = filled;
+                outcome
+            } else if refused.len() == checks.len() {
+                Err(refused
+                    .into_iter()
+                    .map(|(_, error)| error)
+                    .next()
+                    .unwrap_or_else(|| StoreError::Unavailable("no check to send".into())))
+            } else {
+                Box::pin(self.send_the_rest(checks, refused, commit, decisions)).await
             };
             let metrics = &self.shared.metrics;
             metrics.store_duration(op, started.elapsed());
@@ -218,31 +235,90 @@ impl Backend {
         }
     }
 
-    /// Whether calls for `checks` may go to Redis now: the slot of each has a node and
-    /// that node's breaker lets calls through.
-    fn allow(&self, checks: &[StoreCheck]) -> Result<(), StoreError> {
+    /// The checks (by index) that may not go to Redis now, each with its error: its slot
+    /// has no node, or that node's breaker is open. Empty (no allocation) when all may.
+    fn refused(&self, checks: &[StoreCheck]) -> Vec<(usize, StoreError)> {
         let topology = self.shared.nodes.topology();
         let slot_of = |check: &StoreCheck| batcher::slot_of(&self.shared.nodes, check);
-        let node_of = |check: &StoreCheck| topology.route(slot_of(check));
-        if let Some(check) = checks.iter().find(|check| node_of(check).is_none()) {
+        let mut unrouted = Vec::new();
+        let routed = checks.iter().enumerate().filter_map(|(index, check)| {
+            let node = topology.route(slot_of(check));
+            if node.is_none() {
+                unrouted.push((index, batcher::unrouted(slot_of(check))));
+            }
+            node.map(|node| (index, &node.name))
+        });
+        let mut refused = self.shared.health.refused(routed);
+        if !unrouted.is_empty() || !refused.is_empty() {
+            // An open breaker may be a primary that has been replaced, an unrouted slot a
+            // topology change: look again.
             self.shared.nodes.suspect();
-            return Err(batcher::unrouted(slot_of(check)));
+            refused.append(&mut unrouted);
+            refused.sort_by_key(|(index, _)| *index);
         }
-        let names = checks.iter().filter_map(node_of).map(|node| &node.name);
-        let allowed = self.shared.health.allow(names);
-        if allowed.is_err() {
-            // An open breaker may be a primary that has been replaced: look again.
-            self.shared.nodes.suspect();
-        }
-        allowed
+        refused
     }
 
+    /// Sends the checks not `refused` (a shard down) and answers for all: their
+    /// decisions in place, placeholders for the failed, [`StoreError::Partly`] naming
+    /// every failed check. The rare path of a cluster with a node down.
+    async fn send_the_rest(
+        &self,
+        checks: Vec<StoreCheck>,
+        refused: Vec<(usize, StoreError)>,
+        commit: bool,
+        decisions: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let mut sent = Vec::with_capacity(checks.len() - refused.len());
+        let mut sent_index = Vec::with_capacity(sent.capacity());
+        for (index, check) in checks.iter().enumerate() {
+            if refused.binary_search_by_key(&index, |(at, _)| *at).is_err() {
+                sent.push(check.clone());
+                sent_index.push(index);
+            }
+        }
+        let (filled, outcome) = self.round_trip(sent, commit, Vec::new()).await;
+        let mut failed: Vec<usize> = refused.iter().map(|(index, _)| *index).collect();
+        match outcome {
+            Ok(()) => {}
+            Err(StoreError::Partly { failed: more, .. }) => {
+                failed.extend(more.iter().map(|at| sent_index[*at]));
+            }
+            Err(_) => failed.extend(&sent_index),
+        }
+        failed.sort_unstable();
+        // Every check's decisions in order: the sent ones' from `filled`, placeholders
+        // for the refused.
+        let mut from = filled.into_iter();
+        for (index, check) in checks.iter().enumerate() {
+            let n = check.limits.len();
+            if refused.binary_search_by_key(&index, |(at, _)| *at).is_ok() {
+                decisions.extend(std::iter::repeat_n(Decision::default(), n));
+            } else {
+                // A reply cut short (an error) leaves placeholders too.
+                let end = decisions.len() + n;
+                decisions.extend(from.by_ref().take(n));
+                decisions.resize(end, Decision::default());
+            }
+        }
+        let error = refused.into_iter().map(|(_, error)| error).next();
+        if failed.len() == checks.len() {
+            return Err(error.unwrap_or(StoreError::Unavailable("every check failed".into())));
+        }
+        Err(StoreError::Partly {
+            failed,
+            error: Box::new(error.unwrap_or(StoreError::Unavailable("a shard failed".into()))),
+        })
+    }
+
+    /// Queues one job and waits for its answer: the decisions vector (back whatever
+    /// the outcome) and the outcome.
     async fn round_trip(
         &self,
         checks: Vec<StoreCheck>,
         commit: bool,
         decisions: Vec<Decision>,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> batcher::JobAnswer {
         let (reply, answer) = oneshot::channel();
         // The batcher answers by this deadline (the batch has its own; this one also
         // covers the time in the queue): no timer per call here.
@@ -253,17 +329,19 @@ impl Backend {
             reply: Some(reply),
             deadline: Instant::now() + self.shared.timeout + self.shared.window,
         };
-        self.jobs.try_send(job).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => {
-                StoreError::Unavailable("redis batch queue is full".into())
-            }
-            mpsc::error::TrySendError::Closed(_) => {
-                StoreError::Unavailable("redis batcher stopped".into())
-            }
-        })?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("redis batch was dropped".into())))
+        if let Err(error) = self.jobs.try_send(job) {
+            let (job, why) = match error {
+                mpsc::error::TrySendError::Full(job) => (job, "redis batch queue is full"),
+                mpsc::error::TrySendError::Closed(job) => (job, "redis batcher stopped"),
+            };
+            return (job.decisions, Err(StoreError::Unavailable(why.into())));
+        }
+        answer.await.unwrap_or_else(|_| {
+            (
+                Vec::new(),
+                Err(StoreError::Unavailable("redis batch was dropped".into())),
+            )
+        })
     }
 }
 
@@ -294,12 +372,13 @@ impl Store for RedisStore {
         let backend = self.backend();
         let shared = &backend.shared;
         shared.nodes.wait_known(shared.timeout).await;
-        let result = match backend.allow(std::slice::from_ref(&request.check)) {
+        let refused = backend.refused(std::slice::from_ref(&request.check));
+        let result = match refused.into_iter().next() {
             // Boxed: the lease call's state is several kilobytes, and this future is
             // part of every request's future, which would otherwise carry that size
             // (allocated and moved per request) for a call made once per lease.
-            Ok(()) => Box::pin(lease::run(shared, request, None)).await,
-            Err(error) => Err(error),
+            None => Box::pin(lease::run(shared, request, None)).await,
+            Some((_, error)) => Err(error),
         };
         shared.metrics.store_duration("lease", started.elapsed());
         if let Err(error) = &result {
@@ -312,7 +391,7 @@ impl Store for RedisStore {
         let shared = &self.main.shared;
         shared.health.status(
             &shared.nodes.topology(),
-            self.is_connected(),
+            self.connectivity(),
             self.scripting.name(),
         )
     }

@@ -55,6 +55,17 @@ pub struct Node {
     pub lua: Arc<NodeLua>,
 }
 
+/// How much of the store is connected, worst first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Connectivity {
+    /// No node is connected (or none is known yet).
+    None,
+    /// Some nodes are, or some slots have no node: their checks take the failure mode.
+    Some,
+    /// Every node is, and every slot has one.
+    All,
+}
+
 /// Which node serves each slot, at one moment.
 pub struct Topology {
     /// The nodes.
@@ -241,10 +252,24 @@ impl Nodes {
 
     /// Whether every node is known and connected (for `/status`).
     pub fn is_connected(&self) -> bool {
+        self.connectivity() == Connectivity::All
+    }
+
+    /// How many of the nodes are connected: all (and every slot has one), some, or none.
+    pub fn connectivity(&self) -> Connectivity {
         let topology = self.topology();
-        !topology.nodes.is_empty()
-            && !topology.owners.contains(&UNOWNED)
-            && topology.nodes.iter().all(|node| node.client.is_connected())
+        let up = topology
+            .nodes
+            .iter()
+            .filter(|node| node.client.is_connected())
+            .count();
+        if up == 0 {
+            Connectivity::None
+        } else if up == topology.nodes.len() && !topology.owners.contains(&UNOWNED) {
+            Connectivity::All
+        } else {
+            Connectivity::Some
+        }
     }
 }
 

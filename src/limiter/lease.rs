@@ -74,8 +74,15 @@ pub struct Slot {
     expires: Micros,
     /// Units the store had left after the grant (for `remaining` in answers).
     remaining_after: u64,
-    /// Local instant the limit is whole again, as of the grant.
+    /// Local instant the limit is whole again, as of the grant's request (before the
+    /// leased units).
     reset_at: Micros,
+    /// Units granted by the lease.
+    granted: u64,
+    /// How much later a unit taken from the lease makes the limit whole again: one
+    /// unit's refill for a token bucket or GCRA, 0 for windows (whole at the window's
+    /// end whatever is used).
+    per_unit: Micros,
     /// The limit (for `used` in answers).
     limit: u64,
 }
@@ -88,10 +95,15 @@ impl Slot {
         }
         self.units -= cost;
         let remaining = self.remaining_after.saturating_add(self.units);
+        // As the store would say had each unit taken so far been charged alone.
+        let taken = self.granted.saturating_sub(self.units);
+        let reset_at = self
+            .reset_at
+            .saturating_add(taken.saturating_mul(self.per_unit));
         Some(Decision {
             allowed: true,
             remaining,
-            reset_after: self.reset_at.saturating_sub(now),
+            reset_after: reset_at.saturating_sub(now),
             retry_after: 0,
             used: self.limit.saturating_sub(remaining),
         })
@@ -156,6 +168,16 @@ impl Slot {
             left => request.lifetime.min(left),
         };
         let limit = request.check.limits.first().map_or(0, |l| l.quota.limit);
+        let per_unit = request
+            .check
+            .limits
+            .first()
+            .map_or(0, |l| match l.algorithm {
+                AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => {
+                    l.quota.period / l.quota.limit.max(1)
+                }
+                _ => 0,
+            });
         *self = Self {
             check: Some(request.check.clone()),
             rule: Some(rule.clone()),
@@ -166,6 +188,8 @@ impl Slot {
             expires: sent.saturating_add(life),
             remaining_after: grant.decision.remaining.saturating_sub(grant.units),
             reset_at: sent.saturating_add(grant.decision.reset_after),
+            granted: grant.units,
+            per_unit,
             limit,
         };
         closed
@@ -353,6 +377,42 @@ mod tests {
         let back = slot.return_request().expect("units to return");
         assert_eq!(back.check.cost, 0);
         assert_eq!(back.give_back, Some((6, 5_000, 250_000)));
+    }
+
+    /// A token bucket's reset grows by one unit's refill for each unit taken from the
+    /// lease, as the store's would had each been charged alone; a window's stays.
+    #[test]
+    fn a_buckets_reset_grows_with_each_leased_unit_taken() {
+        let rule: Arc<str> = Arc::from("d.k");
+        for (algorithm, per_unit) in [
+            (AlgorithmKind::TokenBucket, 600_000),
+            (AlgorithmKind::Gcra, 600_000),
+            (AlgorithmKind::FixedWindow, 0),
+        ] {
+            let mut request = LeaseRequest {
+                check: check(1),
+                units: 10,
+                lifetime: 250_000,
+                give_back: None,
+            };
+            request.check.limits = vec![LimitCheck {
+                algorithm,
+                ..request.check.limits[0]
+            }]
+            .into();
+            let mut slot = Slot::default();
+            // Granted at 1 000 with the request's reset 6.6 s away (11 units used).
+            slot.renew(&request, &rule, &grant(10, 6_600_000), 1_000);
+            let resets: Vec<Micros> = (0..3)
+                .filter_map(|_| slot.take(1, 2_000).map(|d| d.reset_after))
+                .collect();
+            let base = 1_000 + 6_600_000 - 2_000;
+            assert_eq!(
+                resets,
+                [base + per_unit, base + 2 * per_unit, base + 3 * per_unit],
+                "{algorithm:?}"
+            );
+        }
     }
 
     #[test]

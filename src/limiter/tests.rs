@@ -98,6 +98,21 @@ fn allowed(verdicts: &[Verdict<'_>]) -> bool {
     }
 }
 
+/// Whether each of `calls` calls on `key` (one hit each) was allowed, in order.
+async fn allowed_calls<S: Store>(
+    limiter: &Limiter<S>,
+    rules: &Rules,
+    key: &str,
+    calls: usize,
+) -> Vec<bool> {
+    let mut out = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let verdicts = limiter.check(rules, &request(key)).await.expect("answers");
+        out.push(allowed(&verdicts));
+    }
+    out
+}
+
 #[tokio::test]
 async fn failure_modes_decide_when_the_store_is_down() {
     let metrics = Arc::new(Metrics::new());
@@ -116,14 +131,7 @@ async fn failure_modes_decide_when_the_store_is_down() {
         assert!(!allowed(&verdicts), "closed refuses");
     }
     // local: 4 per minute shared by 2 replicas = 2 here.
-    let mut local = Vec::new();
-    for _ in 0..3 {
-        let verdicts = limiter
-            .check(&rules, &request("local"))
-            .await
-            .expect("local answers");
-        local.push(allowed(&verdicts));
-    }
+    let local = allowed_calls(&limiter, &rules, "local", 3).await;
     assert_eq!(local, vec![true, true, false]);
     let error = limiter
         .check(&rules, &request("error"))
@@ -331,14 +339,7 @@ async fn a_failure_modes_refusal_is_forgotten_when_the_store_is_back() {
     };
     let limiter = Limiter::new(store, clock, settings, metrics.clone()).with_precheck(true);
     let rules = rules();
-    let mut local = Vec::new();
-    for _ in 0..3 {
-        let verdicts = limiter
-            .check(&rules, &request("local"))
-            .await
-            .expect("answers");
-        local.push(allowed(&verdicts));
-    }
+    let local = allowed_calls(&limiter, &rules, "local", 3).await;
     assert_eq!(local, vec![true, true, false], "2 of 4 a minute here");
     limiter
         .store

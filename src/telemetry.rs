@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus_client::encoding::text::encode;
@@ -222,6 +223,16 @@ pub struct RuleCounters {
     decisions: [OnceLock<Counter>; 4],
 }
 
+/// Adds `n` to `counter`, stopping at `u64::MAX`: a client's `hits_addend` near
+/// `u64::MAX` must never wrap a counter (Prometheus reads a smaller value as a reset).
+fn add_saturating(counter: &Counter, n: u64) {
+    let _ = counter
+        .inner()
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |value| {
+            Some(value.saturating_add(n))
+        });
+}
+
 impl RuleCounters {
     /// Adds `hits` to statistic `stat` (nothing for zero).
     pub fn add(&self, stat: RuleStat, hits: u64) {
@@ -229,16 +240,15 @@ impl RuleCounters {
             return;
         }
         let index = stat as usize;
-        self.hits[index]
-            .get_or_init(|| {
-                self.rule_hits
-                    .get_or_create(&RuleStatLabels {
-                        rule: self.rule.clone(),
-                        stat: RuleStat::ALL[index].as_str(),
-                    })
-                    .clone()
-            })
-            .inc_by(hits);
+        let counter = self.hits[index].get_or_init(|| {
+            self.rule_hits
+                .get_or_create(&RuleStatLabels {
+                    rule: self.rule.clone(),
+                    stat: RuleStat::ALL[index].as_str(),
+                })
+                .clone()
+        });
+        add_saturating(counter, hits);
     }
 
     /// Counts one decision; `decision` is one of [`DECISIONS`].
@@ -476,18 +486,6 @@ impl Metrics {
         }
         cache.insert(id, (domain.clone(), rule.clone(), counters.clone()));
         counters
-    }
-
-    /// Adds `hits` to one reference statistic of a rule.
-    pub fn add_rule_hits(&self, rule: &Arc<str>, stat: &'static str, hits: u64) {
-        if hits == 0 {
-            return;
-        }
-        let labels = RuleStatLabels {
-            rule: rule.clone(),
-            stat,
-        };
-        self.rule_hits.get_or_create(&labels).inc_by(hits);
     }
 
     /// Counts one decision made by a local layer.

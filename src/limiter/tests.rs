@@ -248,6 +248,16 @@ async fn shadow_rules_skip_the_blocked_cache_unless_in_reference_local_cache_mod
     }
 }
 
+/// Statistic `stat` of rule label `rule` in `metrics` (0 when never counted).
+fn rule_stat(metrics: &Metrics, rule: &str, stat: &str) -> u64 {
+    let sample = format!(r#"sluice_rule_hits_total{{rule="{rule}",stat="{stat}"}} "#);
+    metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(&sample).map(str::to_owned))
+        .map_or(0, |value| value.parse::<u64>().expect("a count"))
+}
+
 /// One shadow rule: 1 an hour.
 const SHADOW: &str =
     "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
@@ -258,13 +268,7 @@ const SHADOW: &str =
 #[tokio::test]
 async fn shadow_mode_counts_the_hits_past_the_limit() {
     let (rules, limiter, metrics) = on_memory(SHADOW, LimiterSettings::default());
-    let stat = |name: &str| {
-        let text = metrics.encode();
-        let sample = format!(r#"sluice_rule_hits_total{{rule="d.shadow",stat="{name}"}} "#);
-        text.lines()
-            .find_map(|line| line.strip_prefix(&sample))
-            .map_or(0, |value| value.parse::<u64>().expect("a count"))
-    };
+    let stat = |name: &str| rule_stat(&metrics, "d.shadow", name);
     for (hits, shadow, over) in [(3, 2, 2), (2, 4, 4)] {
         let mut request = request("shadow");
         request.hits_addend = hits;
@@ -358,4 +362,25 @@ async fn a_failure_modes_refusal_is_forgotten_when_the_store_is_back() {
     let text = metrics.encode();
     assert!(!text.contains(r#"layer="blocked_cache"} "#), "{text}");
     assert!(!text.contains(r#"layer="precheck"} "#), "{text}");
+}
+
+/// Hit statistics stop at `u64::MAX`: a client's `hits_addend` never wraps a counter
+/// (Prometheus would read the smaller value as a reset).
+#[tokio::test]
+async fn hit_statistics_saturate_instead_of_wrapping() {
+    let (rules, limiter, metrics) = on_memory(
+        "domain: d\ndescriptors:\n  - key: big\n    rate_limit: {unit: minute, requests_per_unit: 8}\n",
+        LimiterSettings::default(),
+    );
+    for hits in [u64::MAX, 1 << 32, u64::MAX] {
+        let mut request = request("big");
+        request.hits_addend = hits;
+        limiter.check(&rules, &request).await.expect("answers");
+        assert_eq!(
+            rule_stat(&metrics, "d.big", "total_hits"),
+            u64::MAX,
+            "{hits}"
+        );
+    }
+    assert_eq!(rule_stat(&metrics, "d.big", "over_limit"), u64::MAX);
 }

@@ -6,8 +6,10 @@
 //! because capacity only returns with time and other instances only use it up, and the
 //! store's wait for it is exactly what is left of it. Other costs, and anything after
 //! the instant, go to the store: a larger cost would be refused too, but its wait is
-//! longer than the entry knows. An entry is tied to the limits' numbers, so an edited
-//! rule never reads a stale block.
+//! longer than the entry knows. Except under a single fixed window, where every cost
+//! at least the refused one waits for the window's end: there larger costs are
+//! answered too (as the reference's local cache answers any). An entry is tied to the
+//! limits' numbers, so an edited rule never reads a stale block.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +18,7 @@ use std::time::Duration;
 use moka::sync::Cache;
 use moka::Expiry;
 
-use crate::algorithm::{Decision, Micros};
+use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{CounterKey, LimitCheck};
 
 /// Shortest real-time lifetime of an entry.
@@ -41,6 +43,8 @@ pub struct Blocked {
     pub until: Micros,
     /// The refused cost.
     pub cost: u64,
+    /// Larger costs wait as long (a single fixed window: until its end).
+    larger_too: bool,
     /// When the refusing limit is whole again.
     pub reset_at: Micros,
     /// Which limit refused.
@@ -109,7 +113,8 @@ impl BlockedCache {
     }
 
     /// The standing block for a check of `cost` at `now`, if any: only a refusal of the
-    /// same cost answers, so its wait is the store's own.
+    /// same cost answers (or of a smaller one, under a single fixed window), so its wait
+    /// is the store's own.
     pub fn get(
         &self,
         counter: CounterKey,
@@ -121,7 +126,8 @@ impl BlockedCache {
             return None;
         }
         let blocked = self.cache.get(&key(counter, limits))?;
-        (now < blocked.until && cost == blocked.cost).then_some(blocked)
+        let same_wait = cost == blocked.cost || (blocked.larger_too && cost > blocked.cost);
+        (now < blocked.until && same_wait).then_some(blocked)
     }
 
     /// Remembers that the store refused `cost` at `now` with `decision` from limit
@@ -145,6 +151,7 @@ impl BlockedCache {
             Blocked {
                 until,
                 cost,
+                larger_too: matches!(limits, [only] if only.algorithm == AlgorithmKind::FixedWindow),
                 reset_at: now.saturating_add(decision.reset_after),
                 limit_index,
                 // Decisions compare `until` with the store's clock; the real-time TTL
@@ -176,7 +183,7 @@ pub(crate) fn fingerprint(limits: &[LimitCheck]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{AlgorithmKind, Quota};
+    use crate::algorithm::Quota;
 
     fn limits(limit: u64) -> Vec<LimitCheck> {
         vec![LimitCheck {
@@ -229,6 +236,26 @@ mod tests {
             decision.map(|d| (d.retry_after, d.reset_after)),
             Some((300, 800))
         );
+    }
+
+    /// Under a single fixed window every cost at least the refused one waits for the
+    /// window's end: larger costs are answered too, smaller ones still asked.
+    #[test]
+    fn a_fixed_window_block_answers_larger_costs_too() {
+        let cache = BlockedCache::new(10);
+        let key = CounterKey(8);
+        let mut window = limits(5);
+        window[0].algorithm = AlgorithmKind::FixedWindow;
+        cache.insert(key, &window, 2, 1_000, 0, &refused(500));
+        assert!(cache.get(key, &window, 2, 1_200).is_some());
+        assert!(cache.get(key, &window, 7, 1_200).is_some(), "a larger cost");
+        assert!(
+            cache.get(key, &window, 1, 1_200).is_none(),
+            "a smaller cost"
+        );
+        let two = [window[0], window[0]];
+        cache.insert(key, &two, 2, 1_000, 0, &refused(500));
+        assert!(cache.get(key, &two, 3, 1_200).is_none(), "not alone: asked");
     }
 
     #[test]

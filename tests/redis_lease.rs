@@ -370,11 +370,9 @@ async fn refilling_buckets_never_admit_beyond_their_guarantee() {
     }
 }
 
-/// An instance that stops getting traffic gives its unused units back once its lease
-/// expires, so another instance can use the whole limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_leases_are_returned_to_other_instances() {
-    let redis = RedisServer::start();
+/// Two servers on `redis` for domain `back`: `k` is 20 a day, leased 10 at a time for
+/// 1 s.
+async fn two_leasing_servers(redis: &RedisServer) -> Vec<TestServer> {
     let url = redis.url();
     let rules = "domain: back\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 20, lease: 10, lease_ttl: 1s}\n";
     let mut servers = Vec::new();
@@ -397,7 +395,12 @@ async fn expired_leases_are_returned_to_other_instances() {
             .await,
         );
     }
-    let request = || RateLimitRequest {
+    servers
+}
+
+/// One hit on `back`'s `k=v`.
+fn back_request() -> RateLimitRequest {
+    RateLimitRequest {
         domain: "back".into(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
@@ -408,10 +411,21 @@ async fn expired_leases_are_returned_to_other_instances() {
             hits_addend: None,
         }],
         hits_addend: 1,
-    };
-    let ok = |response: tonic::Response<sluice::proto::rls::RateLimitResponse>| {
-        response.into_inner().overall_code == Code::Ok as i32
-    };
+    }
+}
+
+/// Whether a call was answered OK.
+fn ok(response: tonic::Response<sluice::proto::rls::RateLimitResponse>) -> bool {
+    response.into_inner().overall_code == Code::Ok as i32
+}
+
+/// An instance that stops getting traffic gives its unused units back once its lease
+/// expires, so another instance can use the whole limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_leases_are_returned_to_other_instances() {
+    let redis = RedisServer::start();
+    let servers = two_leasing_servers(&redis).await;
+    let request = back_request;
     let mut first = servers[0].client().await;
     assert!(ok(first.should_rate_limit(request()).await.expect("rpc")));
     let held = servers[0]
@@ -437,6 +451,42 @@ async fn expired_leases_are_returned_to_other_instances() {
     assert_eq!(
         admitted, 19,
         "the second instance gets all but the first's one"
+    );
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// A refusal made while another instance holds lease units stands no longer than a
+/// lease (and one return round) in the refused instance's blocked-until cache: once
+/// the units come back, the store is asked again and admits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_under_leases_stands_no_longer_than_a_lease() {
+    let redis = RedisServer::start();
+    let servers = two_leasing_servers(&redis).await;
+    let mut first = servers[0].client().await;
+    assert!(ok(first
+        .should_rate_limit(back_request())
+        .await
+        .expect("rpc")));
+    // The first holds 10 units: the second gets the other 9, then is refused.
+    let mut second = servers[1].client().await;
+    let mut refused = false;
+    for _ in 0..20 {
+        if !ok(second.should_rate_limit(back_request()).await.expect("rpc")) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(
+        refused,
+        "the second instance was refused while the first held units"
+    );
+    // 1 s lease + 50 ms return interval, with margin: the first's 10 units are back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        ok(second.should_rate_limit(back_request()).await.expect("rpc")),
+        "asked the store again once the lease ended, which admits"
     );
     for server in servers {
         server.stop().await;

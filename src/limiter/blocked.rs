@@ -19,7 +19,7 @@ use moka::sync::Cache;
 use moka::Expiry;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
-use crate::store::{CounterKey, LimitCheck};
+use crate::store::{CounterKey, LimitCheck, StoreCheck};
 
 /// Shortest real-time lifetime of an entry.
 const MIN_TTL: Duration = Duration::from_secs(1);
@@ -39,8 +39,10 @@ struct BlockKey {
 /// What the store said when it refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// Until this instant, requests of at least `cost` are refused.
+    /// Until this instant, requests of `cost` are refused here.
     pub until: Micros,
+    /// When the store said such a request could pass (reported; at or after `until`).
+    retry_at: Micros,
     /// The refused cost.
     pub cost: u64,
     /// Larger costs wait as long (a single fixed window: until its end).
@@ -60,7 +62,7 @@ impl Blocked {
             allowed: false,
             remaining: 0,
             reset_after: self.reset_at.saturating_sub(now),
-            retry_after: self.until.saturating_sub(now),
+            retry_after: self.retry_at.saturating_sub(now),
             used: 0,
         }
     }
@@ -130,33 +132,36 @@ impl BlockedCache {
         (now < blocked.until && same_wait).then_some(blocked)
     }
 
-    /// Remembers that the store refused `cost` at `now` with `decision` from limit
-    /// `limit_index`. A refusal that may pass at once is not remembered.
+    /// Remembers that the store refused `check` at `now` with `decision` from limit
+    /// `limit_index`, for at most `longest` (a leased rule's: units other instances
+    /// hold come back when their leases end, sooner than the store could say). A
+    /// refusal that may pass at once is not remembered.
     pub fn insert(
         &self,
-        counter: CounterKey,
-        limits: &[LimitCheck],
-        cost: u64,
+        check: &StoreCheck,
         now: Micros,
         limit_index: usize,
         decision: &Decision,
+        longest: Micros,
     ) {
+        let (counter, limits, cost) = (check.key, &*check.limits, check.cost);
         if decision.allowed || decision.retry_after == 0 {
             return;
         }
-        let until = now.saturating_add(decision.retry_after);
+        let until = now.saturating_add(decision.retry_after.min(longest));
         self.latest_until.fetch_max(until, Ordering::Relaxed);
         self.cache.insert(
             key(counter, limits),
             Blocked {
                 until,
+                retry_at: now.saturating_add(decision.retry_after),
                 cost,
                 larger_too: matches!(limits, [only] if only.algorithm == AlgorithmKind::FixedWindow),
                 reset_at: now.saturating_add(decision.reset_after),
                 limit_index,
                 // Decisions compare `until` with the store's clock; the real-time TTL
                 // only frees memory, so a floor keeps short blocks from vanishing early.
-                ttl: Duration::from_micros(decision.retry_after).max(MIN_TTL),
+                ttl: Duration::from_micros(until - now).max(MIN_TTL),
             },
         );
     }
@@ -196,6 +201,14 @@ mod tests {
         }]
     }
 
+    fn check(key: CounterKey, limits: &[LimitCheck], cost: u64) -> StoreCheck {
+        StoreCheck {
+            key,
+            limits: limits.into(),
+            cost,
+        }
+    }
+
     fn refused(retry_after: Micros) -> Decision {
         Decision {
             allowed: false,
@@ -210,7 +223,13 @@ mod tests {
     fn blocks_the_same_cost_until_retry_time() {
         let cache = BlockedCache::new(10);
         let key = CounterKey(7);
-        cache.insert(key, &limits(5), 2, 1_000, 0, &refused(500));
+        cache.insert(
+            &check(key, &limits(5), 2),
+            1_000,
+            0,
+            &refused(500),
+            Micros::MAX,
+        );
         assert!(cache.get(key, &limits(5), 2, 1_200).is_some());
         assert!(cache.get(key, &limits(5), 2, 1_499).is_some());
         assert!(
@@ -246,7 +265,13 @@ mod tests {
         let key = CounterKey(8);
         let mut window = limits(5);
         window[0].algorithm = AlgorithmKind::FixedWindow;
-        cache.insert(key, &window, 2, 1_000, 0, &refused(500));
+        cache.insert(
+            &check(key, &window, 2),
+            1_000,
+            0,
+            &refused(500),
+            Micros::MAX,
+        );
         assert!(cache.get(key, &window, 2, 1_200).is_some());
         assert!(cache.get(key, &window, 7, 1_200).is_some(), "a larger cost");
         assert!(
@@ -254,14 +279,46 @@ mod tests {
             "a smaller cost"
         );
         let two = [window[0], window[0]];
-        cache.insert(key, &two, 2, 1_000, 0, &refused(500));
+        cache.insert(&check(key, &two, 2), 1_000, 0, &refused(500), Micros::MAX);
         assert!(cache.get(key, &two, 3, 1_200).is_none(), "not alone: asked");
+    }
+
+    /// A leased rule's block stands at most `longest` (other instances' lease units
+    /// come back), and still reports the store's wait.
+    #[test]
+    fn a_block_stands_at_most_its_longest() {
+        let cache = BlockedCache::new(10);
+        let key = CounterKey(6);
+        cache.insert(
+            &check(key, &limits(5), 1),
+            1_000,
+            0,
+            &refused(60_000_000),
+            300_000,
+        );
+        let blocked = cache
+            .get(key, &limits(5), 1, 300_999)
+            .expect("still blocked");
+        assert_eq!(
+            blocked.decision_at(300_999).retry_after,
+            60_000_000 - 299_999
+        );
+        assert!(
+            cache.get(key, &limits(5), 1, 301_000).is_none(),
+            "asked again"
+        );
     }
 
     #[test]
     fn allowed_or_immediately_retriable_is_not_cached() {
         let cache = BlockedCache::new(10);
-        cache.insert(CounterKey(1), &limits(5), 1, 0, 0, &refused(0));
+        cache.insert(
+            &check(CounterKey(1), &limits(5), 1),
+            0,
+            0,
+            &refused(0),
+            Micros::MAX,
+        );
         assert!(cache.get(CounterKey(1), &limits(5), 1, 0).is_none());
     }
 }

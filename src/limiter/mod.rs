@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{
-    stats_name, Entry, FailureMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules,
+    stats_name, Entry, FailureMode, LeaseMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules,
 };
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
@@ -541,12 +541,11 @@ impl<S: Store> Limiter<S> {
             }
             if !decision.allowed && self.uses_blocked_cache(&item.rule) {
                 self.blocked.insert(
-                    check.key,
-                    &check.limits,
-                    check.cost,
+                    check,
                     now,
                     limit_index,
                     &decision,
+                    longest_block(&item.rule),
                 );
             }
         }
@@ -631,6 +630,20 @@ impl<S: Store> Limiter<S> {
             decision,
             over_limit: !decision.allowed && !shadow,
         })
+    }
+}
+
+/// How long a refusal of `rule` may stand in the blocked-until cache: until the store's
+/// `retry_after`, except for a leased rule, whose units other instances hold come back
+/// at most a lease's life and one return round after they stop being used (its stated
+/// early-refusal bound): then the store is asked again.
+fn longest_block(rule: &Rule) -> Micros {
+    match rule.limits.as_slice() {
+        [limit] if limit.lease.mode != LeaseMode::Off => {
+            let rounds = u64::try_from(lease::RETURN_INTERVAL.as_micros()).unwrap_or(u64::MAX);
+            limit.lease.ttl.saturating_add(rounds)
+        }
+        _ => Micros::MAX,
     }
 }
 

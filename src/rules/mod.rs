@@ -179,6 +179,10 @@ fn dump_line(rule: &Rule) -> String {
                     LeaseMode::Auto => text.push_str(" lease=auto"),
                     LeaseMode::Units(n) => text.push_str(&format!(" lease={n}")),
                 }
+                if limit.lease.mode != LeaseMode::Off && limit.lease.ttl != DEFAULT_LEASE_TTL_MICROS
+                {
+                    text.push_str(&format!(" lease_ttl={}ms", limit.lease.ttl / 1_000));
+                }
                 text
             })
             .collect();

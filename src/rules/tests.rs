@@ -367,7 +367,12 @@ fn lease_compiles_and_is_validated() {
     );
     assert_eq!(lease_of("b").mode, LeaseMode::Auto);
     assert_eq!(lease_of("b").ttl, DEFAULT_LEASE_TTL_MICROS);
-    assert!(rules.dump_lines().iter().any(|l| l.contains("lease=10")));
+    assert!(rules
+        .dump_lines()
+        .iter()
+        .any(|l| l.contains("lease=10 lease_ttl=100ms")));
+    // The default lease_ttl is not repeated.
+    assert!(rules.dump_lines().iter().any(|l| l.contains("lease=auto]")));
 
     let cases = [
         (

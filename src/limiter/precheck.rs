@@ -113,6 +113,11 @@ impl Precheck {
         if cost == 0 || !self.meters.hot(counter, now) {
             return Before::Cold;
         }
+        // A cost no limit could ever hold is the store's to answer: only it knows when
+        // the limit is whole again (this instance's view starts empty).
+        if limits.iter().any(|limit| cost > capacity(limit)) {
+            return Before::Hot;
+        }
         let key = (counter, fingerprint(limits));
         let Some(entry) = self.cache.get(&key) else {
             let views = limits.iter().map(|limit| fresh(limit.algorithm)).collect();
@@ -232,5 +237,14 @@ fn charge_one(view: &mut Local, limit: &LimitCheck, cost: u64, sent: Micros, dec
             };
             *last_charge = sent;
         }
+    }
+}
+
+/// The most one request can cost and still pass `limit` some day: a bucket's or
+/// GCRA's burst, a window's or log's limit.
+fn capacity(limit: &LimitCheck) -> u64 {
+    match limit.algorithm {
+        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => limit.quota.burst,
+        _ => limit.quota.limit,
     }
 }

@@ -384,3 +384,34 @@ async fn hit_statistics_saturate_instead_of_wrapping() {
     }
     assert_eq!(rule_stat(&metrics, "d.big", "over_limit"), u64::MAX);
 }
+
+/// A cost no limit can ever hold is answered by the store, with the store's reset,
+/// even on a hot key: the pre-check's own view (empty when the key turned hot) would
+/// say 0. The blocked-until cache, which only keeps the latest refusal, does not hide
+/// it: the costs alternate.
+#[tokio::test]
+async fn a_cost_above_capacity_gets_the_stores_reset_on_a_hot_key() {
+    let (rules, limiter, _) = on_memory(
+        "domain: d\ndescriptors:\n  - key: tb\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: token_bucket, burst: 7}\n",
+        LimiterSettings::default(),
+    );
+    let limiter = limiter.with_precheck(true);
+    let reset_of = |verdicts: &[Verdict<'_>]| match &verdicts[0] {
+        Verdict::Limited(limited) => (limited.over_limit, limited.decision.reset_after),
+        other => panic!("not limited: {other:?}"),
+    };
+    let call = |cost: u64| {
+        let mut request = request("tb");
+        request.hits_addend = cost;
+        request
+    };
+    // Empty the bucket (7), then make the key hot with refusals.
+    for _ in 0..19 {
+        limiter.check(&rules, &call(1)).await.expect("answers");
+    }
+    // 7 tokens short of full at 12 s each: 84 s, for every refusal of any cost.
+    for cost in [9, 1, 9, 9, 1, 9] {
+        let verdicts = limiter.check(&rules, &call(cost)).await.expect("answers");
+        assert_eq!(reset_of(&verdicts), (true, 84_000_000), "cost {cost}");
+    }
+}

@@ -585,6 +585,25 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// fred's `interfaces` module warns when a command reaches a client whose router task
+/// has ended ("Fatal error sending QUIT command to router"): at shutdown, the QUIT
+/// sent to each node's client can race the end of its runtime's tasks, which is
+/// harmless. During service the caller gets that error too, and Sluice reports it
+/// (failure mode, `sluice_store_errors_total`). So that module logs errors only,
+/// unless `level` names fred itself.
+fn quiet_client_router(
+    filter: tracing_subscriber::EnvFilter,
+    level: &str,
+) -> tracing_subscriber::EnvFilter {
+    if level.contains("fred") {
+        return filter;
+    }
+    match "fred::interfaces=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
 /// Installs logging (and, with the `otel` feature and an endpoint, OTLP trace export
 /// of the `rls.request` and `store.check` spans). Must run inside the tokio runtime
 /// when exporting: the tonic exporter's channel lives on it.
@@ -593,8 +612,11 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
 
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = quiet_client_router(
+        tracing_subscriber::EnvFilter::try_new(level)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        level,
+    );
     let fmt = match format {
         // Colours only on a terminal: log collectors get plain text.
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -666,5 +688,23 @@ mod otel {
             .with_filter(tracing_subscriber::EnvFilter::new(EXPORT_FILTER))
             .boxed();
         Ok((layer, provider))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fred_router_warnings_are_quiet_unless_fred_is_named() {
+        let quiet = |level: &str| {
+            quiet_client_router(tracing_subscriber::EnvFilter::new(level), level).to_string()
+        };
+        assert!(
+            quiet("info").contains("fred::interfaces=error"),
+            "{}",
+            quiet("info")
+        );
+        assert!(!quiet("info,fred=debug").contains("fred::interfaces=error"));
     }
 }

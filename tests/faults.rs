@@ -180,8 +180,10 @@ async fn redis_killed_under_load_then_restarted_on_the_same_port() {
         "calls fell back after recovery: {late_refusals:?}"
     );
     assert_exact(&server, "after-kill").await;
+    // Health counts every client, also the admin port's, which carries no load here and
+    // may reconnect a moment after the lanes' (fred's reconnect backoff): wait for it.
+    until_store(&server, "functions").await;
     let healed = server.status().await;
-    assert_eq!(healed["store"]["health"], "ok", "{healed}");
     assert_eq!(healed["store"]["breaker"]["state"], "closed", "{healed}");
     let metrics = server.metrics().await;
     assert!(metrics.get("sluice_breaker_transitions_total{state=\"open\"}") >= 1.0);

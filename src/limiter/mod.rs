@@ -659,13 +659,18 @@ enum DecidedBy {
 /// Of a descriptor's limits, the refusing one with the longest `retry_after` (the first
 /// of equals): the request passes no sooner, so its answer describes that limit.
 fn longest_refusal(decisions: &[Decision]) -> Option<usize> {
-    let mut longest: Option<(usize, Micros)> = None;
-    for (index, decision) in decisions.iter().enumerate() {
-        if !decision.allowed && longest.is_none_or(|(_, wait)| decision.retry_after > wait) {
-            longest = Some((index, decision.retry_after));
-        }
-    }
-    longest.map(|(index, _)| index)
+    let refusals = decisions.iter().copied().enumerate();
+    longest_wait(refusals.filter(|(_, decision)| !decision.allowed)).map(|(index, _)| index)
+}
+
+/// Of `refusals` (a limit's index and its refusal), the one with the longest
+/// `retry_after`, the first of equals: the store's verdict and the pre-check choose
+/// alike.
+fn longest_wait(refusals: impl Iterator<Item = (usize, Decision)>) -> Option<(usize, Decision)> {
+    refusals.fold(None, |longest, (index, decision)| match longest {
+        Some((_, kept)) if decision.retry_after <= kept.retry_after => longest,
+        _ => Some((index, decision)),
+    })
 }
 
 /// Whole seconds until `micros` have passed, rounded up (the reference's

@@ -125,34 +125,31 @@ impl Precheck {
             return Before::Hot;
         };
         let views = entry.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut longest: Option<(usize, Decision)> = None;
-        for (index, (view, limit)) in views.iter().zip(limits).enumerate() {
-            let refusal = match view {
-                Local::Window { end, count } => (now < *end
-                    && count.saturating_add(cost) > limit.quota.limit)
-                    .then(|| Decision {
-                        allowed: false,
-                        remaining: 0,
-                        reset_after: end - now,
-                        retry_after: end - now,
-                        used: count.saturating_add(cost),
-                    }),
-                Local::Algorithm { state, .. } => {
-                    let (decision, _) =
-                        algorithm::decide(limit.algorithm, state, now, cost, &limit.quota);
-                    (!decision.allowed).then_some(decision)
-                }
-            };
-            // The refusal with the longest wait describes the answer, as the store's does.
-            if let Some(decision) = refusal {
-                if longest.is_none_or(|(_, wait): (usize, Decision)| {
-                    decision.retry_after > wait.retry_after
-                }) {
-                    longest = Some((index, decision));
-                }
-            }
-        }
-        match longest {
+        let refusals = views
+            .iter()
+            .zip(limits)
+            .enumerate()
+            .filter_map(|(index, (view, limit))| {
+                let refusal = match view {
+                    Local::Window { end, count } => (now < *end
+                        && count.saturating_add(cost) > limit.quota.limit)
+                        .then(|| Decision {
+                            allowed: false,
+                            remaining: 0,
+                            reset_after: end - now,
+                            retry_after: end - now,
+                            used: count.saturating_add(cost),
+                        }),
+                    Local::Algorithm { state, .. } => {
+                        let (decision, _) =
+                            algorithm::decide(limit.algorithm, state, now, cost, &limit.quota);
+                        (!decision.allowed).then_some(decision)
+                    }
+                };
+                refusal.map(|decision| (index, decision))
+            });
+        // The refusal with the longest wait describes the answer, as the store's does.
+        match super::longest_wait(refusals) {
             Some((index, decision)) => Before::Refused(index, decision),
             None => Before::Hot,
         }

@@ -167,17 +167,16 @@ impl Slot {
             0 => request.lifetime,
             left => request.lifetime.min(left),
         };
-        let limit = request.check.limits.first().map_or(0, |l| l.quota.limit);
-        let per_unit = request
-            .check
-            .limits
-            .first()
-            .map_or(0, |l| match l.algorithm {
+        // A leased rule has one limit.
+        let (limit, per_unit) = request.check.limits.first().map_or((0, 0), |l| {
+            let per_unit = match l.algorithm {
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => {
                     l.quota.period / l.quota.limit.max(1)
                 }
                 _ => 0,
-            });
+            };
+            (l.quota.limit, per_unit)
+        });
         *self = Self {
             check: Some(request.check.clone()),
             rule: Some(rule.clone()),

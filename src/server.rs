@@ -160,8 +160,8 @@ pub async fn run(
         }
         StoreKind::Redis | StoreKind::RedisCluster | StoreKind::RedisSentinel => {
             // Each lane gets its own batcher and clients, on its own runtime, so a call
-            // never leaves its lane. Connects in the background: startup never waits
-            // for Redis.
+            // never leaves its lane. Startup waits for Redis at most REDIS_WARM_UP:
+            // a Redis that is down does not hold it longer.
             let store = RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles())
                 .map_err(|error| ServerError::Store(error.to_string()))?;
             tracing::info!(
@@ -170,10 +170,15 @@ pub async fn run(
                 timeout = ?settings.redis.timeout,
                 "using redis"
             );
+            store.warm_up(REDIS_WARM_UP).await;
             serve(listeners, settings, store, clock, metrics, lanes, shutdown).await
         }
     }
 }
+
+/// How long startup waits for Redis to be connected and its Lua code loaded before
+/// serving, so that the first requests find it as ready as the later ones.
+const REDIS_WARM_UP: Duration = Duration::from_secs(1);
 
 /// Serves with a given store, the gRPC listener on `lanes`.
 async fn serve<S: Store>(

@@ -607,3 +607,75 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         );
     }
 }
+
+/// Microseconds Redis spent in `FCALL` so far (`INFO commandstats`).
+fn fcall_micros(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:"))
+        .and_then(|fields| fields.split(',').find_map(|f| f.strip_prefix("usec=")))
+        .and_then(|usec| usec.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A sliding log's check costs Redis about the same whatever the log holds: one full at
+/// its limit of 1 000 units, each admitted at its own instant, against one of 10. A log
+/// read and rewritten whole on every call once cost ~1.5 ms of Redis per call when full
+/// (50 times a short log's), enough for a few instances' calls queued behind each other
+/// to miss the 20 ms store deadline and be admitted by the failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_check_costs_redis_the_same_whatever_its_length() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let check = |key: u128| StoreCheck {
+        key: CounterKey(0x51_0000 + key),
+        limits: vec![LimitCheck {
+            algorithm: AlgorithmKind::SlidingLog,
+            quota: Quota {
+                limit: 1_000,
+                period: 3_600_000_000,
+                burst: 1_000,
+            },
+        }]
+        .into(),
+        cost: 1,
+    };
+    let start: Micros = 1_800_000_000_000_000;
+    let (full, short) = (check(1), check(2));
+    for (log, units) in [(&full, 1_000), (&short, 10)] {
+        for i in 0..units {
+            let mut out = Vec::new();
+            redis
+                .check_at(std::slice::from_ref(log), true, start + i, &mut out)
+                .await
+                .expect("fill");
+            assert!(out[0].allowed, "unit {i} admitted");
+        }
+    }
+    // Each measured the same way: 200 calls, one check each; the full log refuses (and
+    // finds when its oldest unit leaves), the short one admits.
+    let mut cost = Vec::new();
+    for (log, allowed) in [(&full, false), (&short, true)] {
+        let before = fcall_micros(&server);
+        for i in 0..200 {
+            let mut out = Vec::new();
+            redis
+                .check_at(std::slice::from_ref(log), true, start + 2_000 + i, &mut out)
+                .await
+                .expect("check");
+            assert_eq!(out[0].allowed, allowed);
+        }
+        cost.push((fcall_micros(&server) - before) as f64 / 200.0);
+    }
+    println!(
+        "µs of Redis per check: full log {:.1}, short log {:.1}",
+        cost[0], cost[1]
+    );
+    assert!(
+        cost[0] < 3.0 * cost[1].max(10.0),
+        "a full log's check costs {:.1} µs of Redis, a short one's {:.1}",
+        cost[0],
+        cost[1]
+    );
+}

@@ -14,8 +14,10 @@
 //! one `period`. `reset_after` is the time until the newest run leaves the window.
 //!
 //! Memory per key: 16 bytes per run plus a 24-byte `Vec` header (boxed in
-//! [`super::State`]); at most `limit` runs, so ≤ 16 × limit + 24 bytes. In Redis
-//! (a sorted set) expect roughly 50-100 bytes per run.
+//! [`super::State`]); at most `limit` runs, so ≤ 16 × limit + 24 bytes. Redis keeps
+//! the same log as a sorted set with one member per unit (`scripts/sliding_log.lua`),
+//! where a check costs O(log n) and each unit in the window takes about 30 bytes (a
+//! listpack, up to 128 units) to 90 (a skiplist).
 
 use super::{is_invalid, Algorithm, Decision, Micros, Quota};
 

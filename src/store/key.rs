@@ -123,7 +123,9 @@ fn algorithm_code(algorithm: AlgorithmKind) -> u8 {
     match algorithm {
         AlgorithmKind::FixedWindow => 1,
         AlgorithmKind::SlidingWindow => 2,
-        AlgorithmKind::SlidingLog => 3,
+        // 3 named the log of runs ("at:units" members) that earlier versions stored;
+        // one member per unit is another layout, so another key.
+        AlgorithmKind::SlidingLog => 6,
         AlgorithmKind::TokenBucket => 4,
         AlgorithmKind::Gcra => 5,
     }

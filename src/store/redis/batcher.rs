@@ -339,6 +339,28 @@ pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decisi
     .await
 }
 
+/// Makes every known node ready for the first real call, within `limit`: waits for the
+/// slot map, then sends each node a script call with no checks, which connects its
+/// client, loads the function library (or the script) and builds the Lua helpers. A
+/// node that misses `limit` is left as it is: its first call does the same.
+pub async fn warm_up(shared: &Shared, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    shared.nodes.wait_known(limit).await;
+    let topology = shared.nodes.topology_now();
+    let nothing = Call::new(std::iter::empty(), false, None);
+    let nodes = topology.nodes().iter().map(|node| {
+        let node = node.clone();
+        let nothing = &nothing;
+        async move {
+            if !node.client.is_connected() {
+                let _ = time::timeout_at(deadline.into(), node.client.wait_for_connect()).await;
+            }
+            let _ = run_decisions(shared, Some(node), nothing, deadline).await;
+        }
+    });
+    futures::future::join_all(nodes).await;
+}
+
 /// [`run_call`] of the main script: one decision per limit.
 async fn run_decisions(
     shared: &Shared,

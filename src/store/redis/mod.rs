@@ -22,7 +22,7 @@ pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fred::prelude::Client;
 use tokio::sync::{mpsc, oneshot};
@@ -133,6 +133,17 @@ impl RedisStore {
             .map(|backend| backend.shared.nodes.connectivity())
             .min()
             .unwrap_or(Connectivity::None)
+    }
+
+    /// Readies every backend's clients (one per lane, and the main one) for their first
+    /// call, within `limit`: connected, and the Lua code loaded on every node. Without
+    /// it, the first burst of requests waits on connections and `FUNCTION LOAD` behind
+    /// the first call, passes the store deadline, opens the breaker, and takes the
+    /// failure mode (admitted past the limit under `open`).
+    pub async fn warm_up(&self, limit: Duration) {
+        let backends = std::iter::once(&self.main).chain(&self.lanes);
+        futures::future::join_all(backends.map(|backend| batcher::warm_up(&backend.shared, limit)))
+            .await;
     }
 
     /// Decides `checks` in one script call at an injected time `now` instead of Redis

@@ -62,8 +62,10 @@ local function fresh(kind)
   return state
 end
 
--- The slot of `key` (KEYS[index]) under algorithm `kind`, its state read on first use.
-local function load(key, index, kind)
+-- The slot of `key` (KEYS[index]) under algorithm `kind`, its state read on first use
+-- (an algorithm that reads its own key, the sliding log, reads only what the call's `now`
+-- and the limit's quota `q` need).
+local function load(key, index, kind, now, q)
   local slot = slot_of[key]
   if slot and slot_kind[slot] == kind then return slot end
   local algo = ALGOS[kind]
@@ -72,7 +74,7 @@ local function load(key, index, kind)
     -- Same key under another algorithm within one call: fresh, as in Rust.
     state, foreign = fresh(kind), true
   elseif algo.load then
-    state, foreign = algo.load(key)
+    state, foreign = algo.load(key, now, q)
   else
     local raw = stored[index]
     foreign = false

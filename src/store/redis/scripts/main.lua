@@ -80,7 +80,7 @@ for c = a, #ARGV, 3 do
     for i = 1, n do
       local kind, q, algo = kinds[i], quotas[i], algos[i]
       local index = first + i - 1
-      local slot = load(KEYS[index], index, kind)
+      local slot = load(KEYS[index], index, kind, now, q)
       slot_at[i] = slot
       local state = slot_state[slot]
       -- A state past its expiry answers as fresh (the memory store's rule); has_expired

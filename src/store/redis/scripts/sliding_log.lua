@@ -1,68 +1,79 @@
--- Sliding log (mirror of src/algorithm/sliding_log.rs). State: runs {at, units}, oldest
--- first, kept in a sorted set: score = at, member = "at:units".
-local function sl_member(run)
-  return int(run.at) .. ':' .. int(run.units)
-end
+-- Sliding log (mirror of src/algorithm/sliding_log.rs). In Redis the log is a sorted set
+-- with one member per admitted unit: score = the instant it was admitted (µs), member
+-- "at:n" for the n-th unit admitted at that instant. A check costs O(log N) Redis work
+-- however long the log is: ZCOUNT counts the units in the window, ZRANGE by index finds
+-- the unit whose leaving frees enough room, and expired units leave by score. (Reading
+-- and rewriting the whole log on every call, as this script once did, made a full log
+-- cost ~1.5 ms of Redis per call: with several instances' calls queued behind each
+-- other, that passed the store deadline, and the failure mode admitted past the limit.)
+--
+-- The script's state of a key is a summary of the log, never the log itself:
+--   key            the sorted set (nil: a fresh log, nothing stored counts)
+--   cutoff         stored units at or before it had left the window when it was read
+--   gone, live     how many stored units had left by then (the oldest `gone` by index),
+--                  and how many are still in the window
+--   newest         the instant of the newest unit, stored or added (0: none)
+--   stored_newest  the newest stored instant when it was read
+--   added          units this call admitted, all at instant `newest`
+local SL_FRESH = { newest = 0, stored_newest = 0, gone = 0, live = 0, added = 0 }
+
+-- How many members one ZADD sends at most.
+local SL_ZADD_CHUNK = 256
 
 MAKE_ALGO[3] = function() return {
   tag = 'l',
-  fresh = function() return { runs = {} } end,
-  -- Reads the whole log; a key of another type, or a log with a member that is not
-  -- "at:units", reads as fresh (foreign = true: rewritten).
-  load = function(key)
-    local raw = redis.pcall('ZRANGE', key, 0, -1)
-    if type(raw) ~= 'table' or raw.err then return { runs = {} }, true end
-    local runs = {}
-    for i, member in ipairs(raw) do
-      local at, units = string.match(member, '^(%d+):(%d+)$')
-      at, units = field(tonumber(at)), field(tonumber(units))
-      if not (at and units) then return { runs = {} }, true end
-      runs[i] = { at = at, units = units }
-    end
-    return { runs = runs }, false
+  fresh = function() return SL_FRESH end,
+  -- Reads the key's summary at `now` for a limit of period q.period (the key names its
+  -- period). A key of another type, or a newest member that is not "at:n", reads as
+  -- fresh (foreign = true: rewritten).
+  load = function(key, now, q)
+    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if type(top) ~= 'table' or top.err then return SL_FRESH, true end
+    if top[1] == nil then return SL_FRESH, false end
+    local newest = field(tonumber(top[2]))
+    if not (newest and string.match(top[1], '^%d+:%d+$')) then return SL_FRESH, true end
+    local at = now
+    if newest > at then at = newest end
+    local cutoff = at - q.period
+    local gone = redis.call('ZCOUNT', key, '-inf', int(cutoff))
+    local live = redis.call('ZCARD', key) - gone
+    return { key = key, cutoff = cutoff, gone = gone, live = live, newest = newest,
+      stored_newest = newest, added = 0 }, false
   end,
-  -- Writes only what changed: prunes runs older than the first kept one and adds or
-  -- replaces the runs that differ from the loaded log.
+  -- Writes what the call changed: drops the units that left the window, adds the
+  -- call's units as members after those already stored at their instant.
   store = function(key, orig, foreign, s, ttl_ms)
-    local first = s.runs[1]
-    local kept = {}
-    for _, run in ipairs(s.runs) do kept[run.at] = run.units end
-    -- Incremental only when every dropped run is older than the first kept one (the
-    -- usual case); a clock that stepped back over an expired log rewrites it.
-    local rewrite = foreign
-    local before = {}
-    for _, run in ipairs(orig.runs) do
-      before[run.at] = run.units
-      if kept[run.at] == nil and first and run.at >= first.at then rewrite = true end
+    if s.key == nil then
+      -- A fresh log (read as one, or expired): whatever the key held goes.
+      if foreign or orig.key then redis.call('DEL', key) end
+    elseif s.gone > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s.cutoff))
     end
-    if rewrite then
-      redis.call('DEL', key)
-      before = {}
-    elseif first then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(first.at))
-    end
-    for _, run in ipairs(s.runs) do
-      local old = before[run.at]
-      if old ~= run.units then
-        if old then redis.call('ZREM', key, sl_member({ at = run.at, units = old })) end
-        redis.call('ZADD', key, int(run.at), sl_member(run))
+    if s.added > 0 then
+      local n = 0
+      if s.key and s.stored_newest == s.newest then
+        n = redis.call('ZCOUNT', key, int(s.newest), int(s.newest))
+      end
+      local at = int(s.newest)
+      local last = n + s.added
+      while n < last do
+        local args, a = { 'ZADD', key }, 2
+        local upto = math.min(last, n + SL_ZADD_CHUNK)
+        for i = n + 1, upto do
+          args[a + 1], args[a + 2] = at, at .. ':' .. int(i)
+          a = a + 2
+        end
+        redis.call(unpack(args))
+        n = upto
       end
     end
     redis.call('PEXPIRE', key, int(ttl_ms))
   end,
   decide = function(s, now, cost, q)
     local period = q.period
-    local all = s.runs
-    local newest = 0
-    if #all > 0 then newest = all[#all].at end
     local at = now
-    if newest > at then at = newest end
-    local live = #all + 1
-    for i, run in ipairs(all) do
-      if run.at + period > at then live = i; break end
-    end
-    local in_window = 0
-    for i = live, #all do in_window = in_window + all[i].units end
+    if s.newest > at then at = s.newest end
+    local in_window = s.live + s.added
     local used = in_window + cost
     local allowed = used <= q.limit
     local retry = 0
@@ -70,23 +81,23 @@ MAKE_ALGO[3] = function() return {
       if cost > q.limit then
         retry = period
       else
+        -- The oldest `excess` units must leave: the excess-th oldest in the window is a
+        -- stored one (found by index) or one of the units this call added.
         local excess = used - q.limit
-        local freed = 0
-        retry = period
-        for i = live, #all do
-          freed = freed + all[i].units
-          if freed >= excess then
-            retry = sat_sub(all[i].at + period, now)
-            break
-          end
+        local leaves = s.newest
+        if excess <= s.live then
+          local index = s.gone + excess - 1
+          local unit = redis.call('ZRANGE', s.key, index, index, 'WITHSCORES')
+          leaves = tonumber(unit[2])
         end
+        retry = sat_sub(leaves + period, now)
       end
     end
     local newest_after = nil
     if allowed and cost > 0 then
       newest_after = at
-    elseif live <= #all then
-      newest_after = all[#all].at
+    elseif in_window > 0 then
+      newest_after = s.newest
     end
     local reset_after = 0
     if newest_after then reset_after = sat_sub(newest_after + period, now) end
@@ -95,19 +106,13 @@ MAKE_ALGO[3] = function() return {
     if not allowed or cost == 0 then
       return allowed, remaining, reset_after, retry, used, s, false
     end
-    local runs = {}
-    for i = live, #all do runs[#runs + 1] = { at = all[i].at, units = all[i].units } end
-    local last = runs[#runs]
-    if last and last.at == at then
-      last.units = last.units + cost
-    else
-      runs[#runs + 1] = { at = at, units = cost }
-    end
-    return allowed, remaining, reset_after, retry, used, { runs = runs }, true
+    return allowed, remaining, reset_after, retry, used, {
+      key = s.key, cutoff = s.cutoff, gone = s.gone, live = s.live, newest = at,
+      stored_newest = s.stored_newest, added = s.added + cost,
+    }, true
   end,
   expires_at = function(s, q)
-    local last = s.runs[#s.runs]
-    if last then return last.at + q.period end
+    if s.key or s.added > 0 then return s.newest + q.period end
     return 0
   end,
 } end

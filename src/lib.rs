@@ -11,6 +11,8 @@ pub mod bench;
 pub mod clock;
 pub mod codec;
 pub mod commands;
+pub mod lanes;
+pub mod lifecycle;
 pub mod limiter;
 pub mod listener;
 pub mod pem;
@@ -22,3 +24,6 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+
+#[cfg(test)]
+mod layering;

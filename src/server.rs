@@ -2,9 +2,8 @@
 //! (tests bind port 0), the resolved settings and a shutdown future.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -13,8 +12,10 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
+use crate::lanes::{self, Lanes};
+use crate::lifecycle::Lifecycle;
 use crate::limiter::Limiter;
-use crate::listener::lanes::{Lanes, MakeRouter};
+use crate::listener::lanes::MakeRouter;
 use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::{LiveRules, ReloadOutcome};
@@ -60,71 +61,6 @@ pub enum ServerError {
     Tls(#[from] crate::listener::tls::TlsError),
 }
 
-/// Readiness and drain state shared by the admin port and the gRPC health service.
-#[derive(Debug)]
-pub struct Lifecycle {
-    /// Set at the start of shutdown: readiness turns false at once.
-    draining: AtomicBool,
-    /// When the server started.
-    started: Instant,
-    /// Whether to receive traffic: rules loaded and not draining. Mirrored into the
-    /// gRPC health service.
-    serving: watch::Sender<bool>,
-}
-
-impl Lifecycle {
-    /// A lifecycle starting now.
-    pub fn new() -> Self {
-        Self {
-            draining: AtomicBool::new(false),
-            started: Instant::now(),
-            serving: watch::Sender::new(false),
-        }
-    }
-
-    /// Records whether rules are loaded; readiness follows unless draining.
-    pub fn set_rules_loaded(&self, loaded: bool) {
-        // Decided under the channel's lock, so a drain in between cannot be undone.
-        self.serving.send_if_modified(|serving| {
-            let next = loaded && !self.is_draining();
-            std::mem::replace(serving, next) != next
-        });
-    }
-
-    /// Whether the service should receive traffic.
-    pub fn is_serving(&self) -> bool {
-        *self.serving.borrow()
-    }
-
-    /// Follows readiness changes.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
-        self.serving.subscribe()
-    }
-
-    /// Whether shutdown has begun.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-
-    /// Time since start.
-    pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    /// Begins shutdown: readiness turns false at once and stays false.
-    pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        self.serving
-            .send_if_modified(|serving| std::mem::replace(serving, false));
-    }
-}
-
-impl Default for Lifecycle {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// Runs Sluice on `listeners` until `shutdown` completes, then drains.
 pub async fn run(
     listeners: Listeners,
@@ -136,7 +72,7 @@ pub async fn run(
     // The gRPC serving threads, started first: a Redis store makes each lane's batcher
     // and clients on that lane's runtime.
     let lanes =
-        Lanes::spawn(serving_threads(settings.workers)).map_err(|e| ServerError::Listener {
+        Lanes::spawn(lanes::count_for(settings.workers)).map_err(|e| ServerError::Listener {
             listener: "grpc",
             source: Box::new(e),
         })?;
@@ -252,13 +188,13 @@ async fn serve<S: Store>(
     };
     let (reflection_v1, reflection_v1alpha) = reflection_services();
     let make_router: MakeRouter = Arc::new(move || {
-        grpc_server_builder()
+        listener::hardened_server()
             .add_service(health_service.clone())
             .add_service(rls.clone())
             .add_optional_service(reflection_v1.clone())
             .add_optional_service(reflection_v1alpha.clone())
     });
-    let mut grpc = lanes.serve(listeners.grpc, tls, &make_router, &stop_rx);
+    let mut grpc = listener::lanes::serve(lanes, listeners.grpc, tls, &make_router, &stop_rx);
     // Dropping the lanes (after the drain timeout) closes what is left.
     let grpc = async move { grpc.finished().await };
     let admin_state = Arc::new(AdminState {
@@ -317,20 +253,6 @@ async fn serve<S: Store>(
     }
     tracing::info!("sluice stopped");
     result
-}
-
-/// gRPC serving threads for a `--workers` setting (`None`: one per core).
-pub fn serving_threads(workers: Option<usize>) -> usize {
-    workers
-        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
-        .unwrap_or(1)
-        .max(1)
-}
-
-/// The gRPC server settings every Sluice listener uses (the bench ceiling too, so that
-/// it measures the same stack).
-pub fn grpc_server_builder() -> tonic::transport::Server {
-    listener::hardened_server()
 }
 
 /// Turns reload outcomes into metrics, logs and readiness.

@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::lifecycle::Lifecycle;
 use crate::proto::rls::rate_limit_response::Code;
-use crate::server::Lifecycle;
 use crate::service::Service;
 use crate::store::Store;
 use crate::telemetry::Metrics;

@@ -11,11 +11,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::listener::lanes::{Lanes, LanesError, MakeRouter};
+use crate::lanes::{self, Lanes};
+use crate::listener::hardened_server as grpc_server_builder;
+use crate::listener::lanes::{self as serving, LanesError, MakeRouter};
 use crate::proto::rls::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use crate::server::{grpc_server_builder, serving_threads};
 
 /// Answers OK to everything, one OK status per descriptor, deciding nothing.
 #[derive(Clone, Copy, Debug, Default)]
@@ -58,7 +59,12 @@ pub async fn serve(
     });
     let make_router: MakeRouter =
         Arc::new(|| grpc_server_builder().add_service(RateLimitServiceServer::new(ConstantOk)));
-    let mut serving =
-        Lanes::spawn(serving_threads(workers))?.serve(listener, None, &make_router, &stop);
+    let mut serving = serving::serve(
+        Lanes::spawn(lanes::count_for(workers))?,
+        listener,
+        None,
+        &make_router,
+        &stop,
+    );
     Ok(serving.finished().await?)
 }

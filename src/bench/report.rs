@@ -252,13 +252,16 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// `sluice bench`'s flags alone.
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
     /// The arguments of a 2-second closed-loop run.
     fn args() -> BenchArgs {
-        let cli = crate::settings::Cli::parse_from(["sluice", "bench", "--duration", "2s"]);
-        match cli.command {
-            crate::settings::Command::Bench(args) => *args,
-            _ => unreachable!("parsed the bench command"),
-        }
+        Bench::parse_from(["bench", "--duration", "2s"]).args
     }
 
     #[test]

@@ -1,32 +1,18 @@
-//! Thread-per-core serving: the gRPC listener's connections are dealt in turn to serving
-//! threads ("lanes"), each with its own single-threaded runtime and its own copy of the
-//! tonic server, so a call is read, decided and answered on one thread.
-//!
-//! On tokio's multi-threaded runtime every new task (hyper spawns one per HTTP/2 stream)
-//! may wake an idle sibling worker to steal it. At moderate load those wakeups cost more
-//! CPU than the call itself and put queues between threads; at saturation they vanish.
-//! A task woken by another on the same worker also runs next (tokio's LIFO slot): when a
-//! Redis batch answered its calls, each call's stream task woke its connection, which
-//! ran next and wrote that one answer, one `writev` per call instead of one per batch. A
-//! lane runs woken tasks in turn, so the answers of a batch leave in one write.
-//!
-//! A lane never hands a call to another thread: the Redis store gives each lane its own
-//! batcher and clients, made on the lane's runtime ([`Lanes::handles`]) before serving
-//! starts. The admin port and reloads stay on the main runtime.
+//! Serving the gRPC listener on the lanes ([`crate::lanes`]): connections are dealt
+//! in turn to the serving threads, each with its own copy of the tonic server, so a call
+//! is read, decided and answered on one thread. The admin port and reloads stay on the
+//! main runtime.
 
-use std::cell::Cell;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::Router;
 
 use super::incoming::incoming_dealt;
 use super::stopped;
 use super::tls::ReloadingTls;
+use crate::lanes::{Lanes, Work};
 
 /// Connections dealt to one lane but not yet taken up by it.
 const DEALT_QUEUE: usize = 1024;
@@ -37,33 +23,18 @@ const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis
 /// Builds a lane's gRPC router (its services; each lane serves its own copy).
 pub type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
 
-thread_local! {
-    /// The index of the lane this thread serves; `None` off the serving threads.
-    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+/// Why lanes could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum LanesError {
+    /// A lane's server failed.
+    #[error("gRPC serving: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A serving thread or its runtime could not start.
+    #[error(transparent)]
+    Start(#[from] crate::lanes::StartError),
 }
 
-/// The index of the lane whose serving thread this is (`None` on any other thread).
-pub fn current() -> Option<usize> {
-    CURRENT.get()
-}
-
-/// What a lane thread runs once serving starts (made on the thread: need not be `Send`).
-type Work = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + Send>;
-
-/// Serving threads started but not serving yet: their runtimes already run tasks
-/// spawned through [`Lanes::handles`]. Dropped unused, the threads end.
-pub struct Lanes {
-    idle: Vec<IdleLane>,
-}
-
-struct IdleLane {
-    /// Spawns onto the lane's runtime.
-    handle: Handle,
-    /// Hands the lane its serving work.
-    work: oneshot::Sender<Work>,
-}
-
-/// Lanes serving a listener (see [`Lanes::serve`]).
+/// Lanes serving a listener (see [`serve`]).
 pub struct Serving {
     lanes: Vec<ServingLane>,
     dealer: tokio::task::JoinHandle<()>,
@@ -75,76 +46,35 @@ struct ServingLane {
     abort: Option<oneshot::Sender<()>>,
 }
 
-/// Why lanes could not start or stopped serving.
-#[derive(Debug, thiserror::Error)]
-pub enum LanesError {
-    /// A lane's server failed.
-    #[error("gRPC serving: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    /// A serving thread or its runtime could not start.
-    #[error("starting gRPC serving thread {index}: {source}")]
-    Start {
-        /// Which lane.
-        index: usize,
-        /// What failed.
-        source: std::io::Error,
-    },
-}
-
-impl Lanes {
-    /// Starts `count` (at least one) serving threads, named `sluice-grpc-<index>`, each
-    /// running its own single-threaded runtime, which lives and ends on that thread.
-    pub fn spawn(count: usize) -> Result<Self, LanesError> {
-        let mut idle = Vec::with_capacity(count.max(1));
-        for index in 0..count.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|source| LanesError::Start { index, source })?;
-            let handle = runtime.handle().clone();
-            let (work, take_work) = oneshot::channel::<Work>();
-            std::thread::Builder::new()
-                .name(format!("sluice-grpc-{index}"))
-                .spawn(move || {
-                    CURRENT.set(Some(index));
-                    runtime.block_on(async move {
-                        if let Ok(work) = take_work.await {
-                            work().await;
-                        }
-                    });
-                })
-                .map_err(|source| LanesError::Start { index, source })?;
-            idle.push(IdleLane { handle, work });
-        }
-        Ok(Self { idle })
-    }
-
-    /// The lanes' runtimes, in lane order (lane `i` is the thread where [`current`] is
-    /// `Some(i)`).
-    pub fn handles(&self) -> Vec<Handle> {
-        self.idle.iter().map(|lane| lane.handle.clone()).collect()
-    }
-
-    /// Makes every lane serve `make_router()`'s router until `stop` turns true, and
-    /// starts a task on the current runtime that accepts on `listener` and deals the
-    /// connections in turn. With `tls`, each lane handshakes its own connections.
-    pub fn serve(
-        self,
-        listener: TcpListener,
-        tls: Option<Arc<ReloadingTls>>,
-        make_router: &MakeRouter,
-        stop: &watch::Receiver<bool>,
-    ) -> Serving {
-        let mut lanes = Vec::with_capacity(self.idle.len());
-        let mut dealt = Vec::with_capacity(self.idle.len());
-        for lane in self.idle {
-            let (deal_tx, deal_rx) = mpsc::channel(DEALT_QUEUE);
-            let (done_tx, done) = oneshot::channel();
-            let (abort, aborted) = oneshot::channel::<()>();
-            let router = make_router.clone();
-            let tls = tls.clone();
-            let stop = stop.clone();
-            let work: Work = Box::new(move || {
+/// Makes every lane serve `make_router()`'s router until `stop` turns true, and starts
+/// a task on the current runtime that accepts on `listener` and deals the connections
+/// in turn. With `tls`, each lane handshakes its own connections.
+pub fn serve(
+    lanes: Lanes,
+    listener: TcpListener,
+    tls: Option<Arc<ReloadingTls>>,
+    make_router: &MakeRouter,
+    stop: &watch::Receiver<bool>,
+) -> Serving {
+    let count = lanes.handles().len();
+    let mut serving = Vec::with_capacity(count);
+    let mut dealt = Vec::with_capacity(count);
+    lanes.run(|_| {
+        let (deal_tx, deal_rx) = mpsc::channel(DEALT_QUEUE);
+        let (done_tx, done) = oneshot::channel();
+        let (abort, aborted) = oneshot::channel::<()>();
+        let router = make_router.clone();
+        let tls = tls.clone();
+        let stop = stop.clone();
+        // A thread that has already ended drops `done_tx` with the work: `finished`
+        // reports it.
+        serving.push(ServingLane {
+            done: Some(done),
+            abort: Some(abort),
+        });
+        dealt.push(deal_tx);
+        Box::new(
+            move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
                 Box::pin(async move {
                     let server = router()
                         .serve_with_incoming_shutdown(incoming_dealt(deal_rx, tls), stopped(stop));
@@ -154,18 +84,13 @@ impl Lanes {
                     };
                     let _ = done_tx.send(result);
                 })
-            });
-            // A thread that has already ended drops `done_tx` with the work: `finished`
-            // reports it.
-            let _ = lane.work.send(work);
-            lanes.push(ServingLane {
-                done: Some(done),
-                abort: Some(abort),
-            });
-            dealt.push(deal_tx);
-        }
-        let dealer = tokio::spawn(deal(listener, dealt, stop.clone()));
-        Serving { lanes, dealer }
+            },
+        ) as Work
+    });
+    let dealer = tokio::spawn(deal(listener, dealt, stop.clone()));
+    Serving {
+        lanes: serving,
+        dealer,
     }
 }
 
@@ -244,11 +169,12 @@ async fn deal(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lanes::current;
+    use crate::listener::hardened_server as grpc_server_builder;
     use crate::proto::core::HeaderValue;
     use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
     use crate::proto::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
     use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-    use crate::server::grpc_server_builder;
     use tonic::{Request, Response, Status};
 
     /// Answers with the name of the thread that served the call.
@@ -305,7 +231,7 @@ mod tests {
             (Some("sluice-grpc-1".to_owned()), Some(1)),
             "a task spawned through a lane's handle runs on that lane, before serving"
         );
-        let mut lanes = lanes.serve(listener, None, &make_router, &stop);
+        let mut lanes = serve(lanes, listener, None, &make_router, &stop);
 
         let mut threads = Vec::new();
         for _ in 0..4 {

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use clap::Parser;
 
 use super::*;
+use crate::service::HeaderMode;
 
 fn resolve(argv: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
     let mut full = vec!["sluice", "serve"];

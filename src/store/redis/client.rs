@@ -8,14 +8,19 @@
 //! charge would count twice). The connection is made in the background: startup never
 //! waits for Redis, and calls made while it is down fail with a timeout.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fred::error::{Error as FredError, ErrorKind};
-use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy, Server, ServerConfig};
+use fred::prelude::{
+    Builder, Client, ClientLike, Config, EventInterface, ReconnectPolicy, Server, ServerConfig,
+};
 use fred::types::config::{TlsConfig, TlsConnector};
 
 use super::tls::RedisTls;
 use crate::store::StoreError;
+use crate::telemetry::Metrics;
 
 /// Which Redis deployment the URL points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,6 +368,37 @@ pub fn mask_url(url: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Logs the client's connection errors (refused, auth, TLS...), once per distinct
+/// message per node until it changes or a minute passes, so an outage is visible in the
+/// log without flooding it, and counts each in `sluice_store_errors_total{kind}` (a
+/// wrong password shows as `auth` there even though calls only time out). Ends when the
+/// client is dropped.
+pub fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Metrics>) {
+    let last: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::default();
+    let _task = client.on_error(move |(error, server)| {
+        let last = last.clone();
+        let metrics = metrics.clone();
+        async move {
+            let node = server.map_or_else(|| "redis".to_owned(), |server| server.to_string());
+            let error = classify(&error, timeout);
+            metrics.store_error(error.kind());
+            let message = error.to_string();
+            let now = Instant::now();
+            let mut seen = last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let repeated = seen.get(&node).is_some_and(|(text, at)| {
+                *text == message && now.saturating_duration_since(*at) < Duration::from_secs(60)
+            });
+            if !repeated {
+                tracing::warn!(node = %node, error = %message, "redis connection error");
+                seen.insert(node, (message, now));
+            }
+            Ok(())
+        }
+    });
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ impl Library {
             script::ALGORITHMS,
             script::CHECK_STATE,
             script::ENTRY,
-            super::lease::ENTRY,
+            script::LEASE_ENTRY,
         );
         let digest = fred::util::sha1_hash(&body);
         let name = format!("sluice_{}", &digest[..16]);

@@ -6,12 +6,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use fred::prelude::{Client, EventInterface};
 
-use super::client::classify;
 use super::nodes::{Connectivity, Topology};
 use crate::store::breaker::{Breaker, BreakerSettings, BreakerState, BreakerView, Transition};
 use crate::store::{StoreError, StoreStatus};
@@ -247,35 +245,4 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-/// Logs the client's connection errors (refused, auth, TLS...), once per distinct
-/// message per node until it changes or a minute passes, so an outage is visible in the
-/// log without flooding it, and counts each in `sluice_store_errors_total{kind}` (a
-/// wrong password shows as `auth` there even though calls only time out). Ends when the
-/// client is dropped.
-pub fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Metrics>) {
-    let last: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::default();
-    let _task = client.on_error(move |(error, server)| {
-        let last = last.clone();
-        let metrics = metrics.clone();
-        async move {
-            let node = server.map_or_else(|| "redis".to_owned(), |server| server.to_string());
-            let error = classify(&error, timeout);
-            metrics.store_error(error.kind());
-            let message = error.to_string();
-            let now = Instant::now();
-            let mut seen = last
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let repeated = seen.get(&node).is_some_and(|(text, at)| {
-                *text == message && now.saturating_duration_since(*at) < Duration::from_secs(60)
-            });
-            if !repeated {
-                tracing::warn!(node = %node, error = %message, "redis connection error");
-                seen.insert(node, (message, now));
-            }
-            Ok(())
-        }
-    });
 }

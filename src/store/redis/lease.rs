@@ -2,30 +2,17 @@
 //! [`super::script`] joined with a lease entry point instead of `main.lua`, run as its
 //! own call (`FCALL` of the library's lease function, or `EVALSHA`). Lease calls are rare by design (one per leased batch of units), so
 //! they bypass the batcher's queue, but are sent as its calls are
-//! ([`super::batcher::run_call`]: a missing script or library, MOVED, breaker, deadline).
+//! ([`super::call::run_call`]: a missing script or library, MOVED, breaker, deadline).
 
-use std::sync::LazyLock;
 use std::time::Instant;
 
 use bytes::Bytes;
 use fred::types::Value;
 
-use super::batcher::{run_call, Shared};
+use super::call::{run_call, Shared};
 use super::script::{limit_key, number, Call, Entry};
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{LeaseGrant, LeaseRequest, StoreError};
-
-/// The lease entry point.
-pub const ENTRY: &str = include_str!("scripts/lease.lua");
-
-/// The whole lease script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = concat!(
-    super::script::algorithms!(),
-    include_str!("scripts/lease.lua")
-);
-
-/// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
-pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
 
 /// Integers the script returns.
 const REPLY_WIDTH: usize = 8;

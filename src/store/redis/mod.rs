@@ -12,6 +12,7 @@
 //! breaker per node ([`health`]) answers calls at once while that node keeps failing.
 
 pub mod batcher;
+pub mod call;
 pub mod client;
 pub mod functions;
 pub mod health;
@@ -31,13 +32,14 @@ pub use client::{mask_url, RedisMode, RedisOptions};
 pub use tls::{RedisTls, RedisTlsError};
 
 use crate::algorithm::{Decision, Micros};
-use crate::listener::lanes;
+use crate::lanes;
 use crate::store::breaker::BreakerSettings;
 use crate::store::{
     CounterKey, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
 };
 use crate::telemetry::Metrics;
-use batcher::{Job, Shared};
+use batcher::Job;
+use call::Shared;
 use nodes::{Connectivity, Nodes};
 
 /// Counters in Redis (see the module documentation).
@@ -142,7 +144,7 @@ impl RedisStore {
     /// failure mode (admitted past the limit under `open`).
     pub async fn warm_up(&self, limit: Duration) {
         let backends = std::iter::once(&self.main).chain(&self.lanes);
-        futures::future::join_all(backends.map(|backend| batcher::warm_up(&backend.shared, limit)))
+        futures::future::join_all(backends.map(|backend| call::warm_up(&backend.shared, limit)))
             .await;
     }
 
@@ -159,7 +161,7 @@ impl RedisStore {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;
         let call = script::Call::new(checks, commit, Some(now));
-        let mut results = batcher::run_calls(shared, std::slice::from_ref(&call)).await;
+        let mut results = call::run_calls(shared, std::slice::from_ref(&call)).await;
         let result = results
             .pop()
             .unwrap_or_else(|| Err(StoreError::Protocol("no reply".into())))?;
@@ -255,7 +257,7 @@ impl Backend {
         let routed = checks.iter().enumerate().filter_map(|(index, check)| {
             let node = topology.route(slot_of(check));
             if node.is_none() {
-                unrouted.push((index, batcher::unrouted(slot_of(check))));
+                unrouted.push((index, call::unrouted(slot_of(check))));
             }
             node.map(|node| (index, &node.name))
         });

@@ -23,9 +23,8 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 
-use super::client::{self, RedisMode, RedisOptions};
+use super::client::{self, log_connection_errors, RedisMode, RedisOptions};
 use super::functions::{NodeLua, Scripting};
-use super::health::log_connection_errors;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 

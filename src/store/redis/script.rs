@@ -35,7 +35,6 @@ macro_rules! algorithms {
         )
     };
 }
-pub(super) use algorithms;
 
 /// The shared helpers and every algorithm.
 pub const ALGORITHMS: &str = algorithms!();
@@ -57,6 +56,17 @@ pub const SCRIPT: &str = concat!(
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
 pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
 
+/// The lease entry point (`scripts/lease.lua`).
+pub const LEASE_ENTRY: &str = include_str!("scripts/lease.lua");
+
+/// The whole lease script, as loaded with `SCRIPT LOAD`: the helpers and algorithms
+/// joined with the lease entry point instead of `main.lua`.
+pub const LEASE_SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/lease.lua"));
+
+/// SHA-1 of [`LEASE_SCRIPT`], the name `EVALSHA` runs it by.
+pub static LEASE_SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(LEASE_SCRIPT)));
+
 /// Which entry point a call runs: the main one or the lease's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
@@ -71,7 +81,7 @@ impl Entry {
     pub fn script(self) -> &'static str {
         match self {
             Entry::Check => SCRIPT,
-            Entry::Lease => super::lease::SCRIPT,
+            Entry::Lease => LEASE_SCRIPT,
         }
     }
 
@@ -79,7 +89,7 @@ impl Entry {
     pub fn sha(self) -> &'static Value {
         match self {
             Entry::Check => &SHA,
-            Entry::Lease => &super::lease::SHA,
+            Entry::Lease => &LEASE_SHA,
         }
     }
 }

@@ -1,0 +1,175 @@
+//! Command-line flags and environment → [`Settings`].
+//!
+//! Precedence: a flag (or its `SLUICE_*` variable) wins; otherwise the
+//! envoyproxy/ratelimit variable that maps to it; otherwise the default. Reference
+//! variables without meaning here are accepted and reported once as ignored. The
+//! command line itself is [`cli`]; each concern resolves in its own module.
+
+pub mod cli;
+mod listener;
+pub mod redis;
+pub mod reference;
+mod service;
+mod tls;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use cli::{
+    BenchMemoryArgs, BenchServerArgs, CheckArgs, Cli, Command, ExplainArgs, ServeArgs, TlsArgs,
+};
+pub use reference::parse_go_bool;
+
+use crate::limiter::LimiterSettings;
+use crate::rules::LoadOptions;
+use crate::service::{RequestBounds, ResponseOptions};
+use crate::store::redis::RedisOptions;
+use crate::telemetry::LogFormat;
+use reference::{Env, Reference};
+
+/// Where counters live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    /// In this process's memory (one instance).
+    #[default]
+    Memory,
+    /// One Redis node.
+    Redis,
+    /// A Redis Cluster (`--redis-url` lists seed nodes).
+    RedisCluster,
+    /// A Redis primary found through Sentinel.
+    RedisSentinel,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Rules file or directory.
+    pub config: PathBuf,
+    /// gRPC listener address.
+    pub grpc_addr: SocketAddr,
+    /// Admin listener address.
+    pub http_addr: SocketAddr,
+    /// Counter store.
+    pub store: StoreKind,
+    /// Memory store capacity.
+    pub memory_max_keys: usize,
+    /// How to reach Redis (used by the Redis store kinds).
+    pub redis: RedisOptions,
+    /// Worker threads (`None`: one per core).
+    pub workers: Option<usize>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+    /// How rule files combine.
+    pub load: LoadOptions,
+    /// Response shaping.
+    pub response: ResponseOptions,
+    /// Request semantics of the limiter.
+    pub limiter: LimiterSettings,
+    /// Request bounds.
+    pub bounds: RequestBounds,
+    /// Largest gRPC message.
+    pub max_message_bytes: usize,
+    /// Backstop rescan period.
+    pub reload_interval: Duration,
+    /// Where traces are exported, if anywhere.
+    pub otlp_endpoint: Option<String>,
+    /// Readiness-false period before closing listeners.
+    pub drain_delay: Duration,
+    /// Longest drain.
+    pub drain_timeout: Duration,
+    /// Serve the endpoints that reveal descriptor values.
+    pub debug_endpoints: bool,
+    /// Reference variables that were set but mean nothing here.
+    pub ignored_env: Vec<String>,
+    /// gRPC TLS (`None`: plaintext).
+    pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
+}
+
+/// A setting that could not be understood.
+#[derive(Debug)]
+pub struct SettingsError {
+    /// Variable or flag name.
+    pub name: String,
+    /// What was given; empty when the error is about a combination of settings.
+    pub value: String,
+    /// Why it is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.name, self.reason)
+        } else {
+            write!(
+                f,
+                "invalid value {:?} for {}: {}",
+                self.value, self.name, self.reason
+            )
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+impl Settings {
+    /// Resolves `args` against an environment lookup (`std::env::var` in production),
+    /// one concern at a time.
+    pub fn resolve(args: &ServeArgs, env: Env<'_>) -> Result<Self, SettingsError> {
+        let reference = Reference::new(env);
+        let (grpc_addr, http_addr) = listener::addresses(args, reference)?;
+        let (log_format, log_level) = service::logging(args, reference)?;
+        let response = service::response(args, reference)?;
+        let limiter = service::limiter(args, reference)?;
+        if let Some(value) = reference.get("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
+            parse_go_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &value)?;
+        }
+        let (store, redis) = redis::store(args, reference)?;
+        Ok(Self {
+            config: listener::config_path(args, reference),
+            grpc_addr,
+            http_addr,
+            store,
+            memory_max_keys: args.memory_max_keys,
+            redis,
+            workers: args.workers,
+            log_format,
+            log_level,
+            load: LoadOptions {
+                merge_domains: reference.pick(args.merge_domains, "MERGE_DOMAIN_CONFIG")?,
+            },
+            response,
+            limiter,
+            bounds: RequestBounds {
+                max_descriptors: args.max_descriptors,
+                max_entries: args.max_entries,
+                max_value_bytes: args.max_value_bytes,
+            },
+            max_message_bytes: args.max_message_bytes,
+            reload_interval: args.reload_interval,
+            otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            drain_delay: args.drain_delay,
+            drain_timeout: args.drain_timeout,
+            debug_endpoints: args.debug_endpoints,
+            ignored_env: reference::ignored_set(env),
+            grpc_tls: tls::grpc_tls(&args.tls, reference)?,
+        })
+    }
+}
+
+/// The error of a value that is not understood.
+fn invalid(name: &str, value: &str, reason: &str) -> SettingsError {
+    SettingsError {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,97 @@
+//! envoyproxy/ratelimit's environment variables: how their values read (Go's boolean
+//! syntax), the flag-or-variable rule, and the variables accepted with no meaning here.
+
+use super::{invalid, SettingsError};
+
+/// An environment lookup (`std::env::var` in production, a map in tests).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Reference variables accepted and ignored (no meaning for Sluice).
+pub const IGNORED: &[&str] = &[
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "GOSTATS_FLUSH_INTERVAL_SECONDS",
+    "EXTRA_TAGS",
+    "BACKEND_TYPE",
+    "CACHE_KEY_PREFIX",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "REDIS_POOL_SIZE",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_SRV",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "RUNTIME_WATCH_ROOT",
+    "RUNTIME_IGNOREDOTFILES",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "TRACING_ENABLED",
+    "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+];
+
+/// The ignored variables that `env` sets, in [`IGNORED`] order.
+pub fn ignored_set(env: Env<'_>) -> Vec<String> {
+    IGNORED
+        .iter()
+        .filter(|name| env(name).is_some())
+        .map(|name| (*name).to_owned())
+        .collect()
+}
+
+/// Reads reference variables from an environment.
+#[derive(Clone, Copy)]
+pub struct Reference<'a> {
+    env: Env<'a>,
+}
+
+impl<'a> Reference<'a> {
+    /// Reads from `env`.
+    pub fn new(env: Env<'a>) -> Self {
+        Self { env }
+    }
+
+    /// The variable `name`, if set.
+    pub fn get(&self, name: &str) -> Option<String> {
+        (self.env)(name)
+    }
+
+    /// The boolean variable `name`, if set.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, SettingsError> {
+        self.get(name)
+            .map(|value| parse_go_bool(name, &value))
+            .transpose()
+    }
+
+    /// A flag's value when given, else the boolean variable `name`, else false.
+    pub fn pick(&self, flag: Option<bool>, name: &str) -> Result<bool, SettingsError> {
+        match flag {
+            Some(value) => Ok(value),
+            None => Ok(self.bool(name)?.unwrap_or(false)),
+        }
+    }
+}
+
+/// Parses a boolean as Go's `strconv.ParseBool` does (the reference's env syntax).
+pub fn parse_go_bool(name: &str, value: &str) -> Result<bool, SettingsError> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        other => Err(invalid(name, other, "expected true or false")),
+    }
+}

@@ -262,8 +262,8 @@ async fn a_redis_without_functions_is_served_by_evalsha() {
     let redis = RedisServer::start();
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
     // Connected before the first call, so that a failure mode could only come from the
-    // refusal (a call before the connection is up takes it anyway).
-    until_store(&server, "functions").await;
+    // refusal. (The warm-up before serving may already have met it.)
+    until_healthy(&server).await;
     let fallbacks = "sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}";
     let before = server.metrics().await.get(fallbacks);
     let mut client = server.client().await;
@@ -298,7 +298,7 @@ async fn functions_are_tried_again_after_a_reconnect() {
     let server = sluice(&redis.url_without_functions(), STORE_TIMEOUT).await;
     let server = &server;
     // Connected before the first call (one before it takes the failure mode).
-    until_store(server, "functions").await;
+    until_healthy(server).await;
     let mut client = server.client().await;
     for _ in 0..5 {
         let answer = call(&mut client, "closed", "reconnect", LOAD_DEADLINE).await;
@@ -363,6 +363,19 @@ async fn functions_are_tried_again_after_a_reconnect() {
     assert!(redis.command_calls("fcall") > 0, "no FCALL sent");
     assert!(redis.cli(&["function", "list"]).contains("sluice_"));
     assert_eq!(server.status().await["store"]["lua"], "functions");
+}
+
+/// Waits until `/status` shows the store connected (health `ok`), whatever its Lua.
+async fn until_healthy(server: &TestServer) {
+    eventually(|| async move {
+        let status = server.status().await;
+        if status["store"]["health"] == "ok" {
+            Ok(())
+        } else {
+            Err(format!("store not healthy: {status}"))
+        }
+    })
+    .await;
 }
 
 /// Waits until `/status` shows the store connected (health `ok`) and running its Lua as

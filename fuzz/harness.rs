@@ -7,11 +7,11 @@ use std::sync::{Arc, OnceLock};
 
 use prost::Message;
 use sluice::clock::{Clock, SystemClock};
-use sluice::limiter::{Limiter, LimiterSettings};
+use sluice::limiter::LimiterSettings;
 use sluice::proto::rls::RateLimitRequest;
 use sluice::rules::live::LiveRules;
 use sluice::rules::{ConfigFile, LoadOptions, Rules};
-use sluice::service::{HeaderMode, RequestBounds, ResponseOptions, Service};
+use sluice::service::{HeaderMode, ResponseOptions, Service};
 use sluice::store::memory::MemoryStore;
 use sluice::telemetry::Metrics;
 
@@ -82,23 +82,21 @@ fn rig() -> &'static RequestRig {
         let clock: Arc<dyn Clock> = SystemClock::shared();
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(MemoryStore::new(10_000, clock.clone()));
-        let limiter = Limiter::new(
-            store,
-            clock,
-            LimiterSettings {
+        let service = Service::builder(store, rules)
+            .clock(clock)
+            .limiter_settings(LimiterSettings {
                 near_limit_ratio: 0.8,
                 stop_increment_when_over_limit: true,
                 report_local_cache: false,
                 replicas: 1,
-            },
-            metrics.clone(),
-        );
-        let options = ResponseOptions {
-            header_mode: HeaderMode::Reference,
-            dynamic_metadata: true,
-            ..ResponseOptions::default()
-        };
-        let service = Service::new(limiter, rules, options, RequestBounds::default(), metrics);
+            })
+            .response(ResponseOptions {
+                header_mode: HeaderMode::Reference,
+                dynamic_metadata: true,
+                ..ResponseOptions::default()
+            })
+            .metrics(metrics)
+            .build();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -14,7 +14,6 @@ use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::lanes::{self, Lanes};
 use crate::lifecycle::Lifecycle;
-use crate::limiter::Limiter;
 use crate::listener::lanes::MakeRouter;
 use crate::listener::{self, tls::ReloadingTls};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
@@ -67,7 +66,17 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let clock: Arc<dyn Clock> = SystemClock::shared();
+    run_with_clock(listeners, settings, SystemClock::shared(), shutdown).await
+}
+
+/// [`run`] with `clock` for the stores and the limiter (tests drive time with a manual
+/// one; Redis keeps its own clock, `TIME`).
+pub async fn run_with_clock(
+    listeners: Listeners,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let metrics = Arc::new(Metrics::new());
     // The gRPC serving threads, started first: a Redis store makes each lane's batcher
     // and clients on that lane's runtime.
@@ -130,17 +139,18 @@ async fn serve<S: Store>(
         tracing::info!(variable = %name, "reference setting has no meaning in Sluice; ignored");
     }
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
-    let limiter = Limiter::new(store, clock, settings.limiter, metrics.clone());
-    let mut service = Service::new(
-        limiter,
-        rules.clone(),
-        settings.response.clone(),
-        settings.bounds,
-        metrics.clone(),
-    );
-    if settings.debug_endpoints {
-        service = service.with_debug_reports(Arc::new(DebugReports::new()));
-    }
+    let service = Service::builder(store, rules.clone())
+        .clock(clock)
+        .limiter_settings(settings.limiter)
+        .response(settings.response.clone())
+        .bounds(settings.bounds)
+        .metrics(metrics.clone())
+        .debug_reports(
+            settings
+                .debug_endpoints
+                .then(|| Arc::new(DebugReports::new())),
+        )
+        .build();
     let service = Arc::new(service);
     let lifecycle = Arc::new(Lifecycle::new());
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice::algorithm::{AlgorithmKind, Quota, MICROS_PER_SECOND};
 use sluice::clock::ManualClock;
-use sluice::limiter::Limiter;
 use sluice::proto::common::rate_limit_descriptor::Entry as WireEntry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -202,21 +201,15 @@ impl Harness {
         let clock = Arc::new(ManualClock::new(now_seconds * MICROS_PER_SECOND));
         let store = Arc::new(MemoryStore::new(10_000, clock.clone()));
         let metrics = Arc::new(SluiceMetrics::new());
-        let limiter = Limiter::new(
-            store.clone(),
-            clock.clone(),
-            settings.limiter,
-            metrics.clone(),
-        );
         let rules = Arc::new(LiveRules::new(dir.path(), settings.load));
         let _ = rules.reload();
-        let service = Service::new(
-            limiter,
-            rules,
-            settings.response.clone(),
-            settings.bounds,
-            metrics.clone(),
-        );
+        let service = Service::builder(store.clone(), rules)
+            .clock(clock.clone())
+            .limiter_settings(settings.limiter)
+            .response(settings.response.clone())
+            .bounds(settings.bounds)
+            .metrics(metrics.clone())
+            .build();
         Self {
             service,
             store,

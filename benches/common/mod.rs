@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use sluice::clock::{Clock, ManualClock};
-use sluice::limiter::{Limiter, LimiterSettings};
 use sluice::rules::live::LiveRules;
 use sluice::rules::{ConfigFile, LoadOptions, Rules};
-use sluice::service::{RequestBounds, ResponseOptions, Service};
+use sluice::service::Service;
 use sluice::store::memory::MemoryStore;
 use sluice::telemetry::Metrics;
 
@@ -92,19 +91,10 @@ impl Fixture {
         let dyn_clock: Arc<dyn Clock> = clock.clone();
         let metrics = Arc::new(Metrics::new());
         let store = MemoryStore::new(1_000_000, dyn_clock.clone());
-        let limiter = Limiter::new(
-            store,
-            dyn_clock,
-            LimiterSettings::default(),
-            metrics.clone(),
-        );
-        let service = Service::new(
-            limiter,
-            rules,
-            ResponseOptions::default(),
-            RequestBounds::default(),
-            metrics,
-        );
+        let service = Service::builder(store, rules)
+            .clock(dyn_clock)
+            .metrics(metrics)
+            .build();
         Self {
             service,
             clock,

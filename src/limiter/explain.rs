@@ -6,9 +6,10 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
+use super::matching::{is_replaced, match_descriptor, Applies};
+use super::{CheckRequest, Limiter};
 use crate::algorithm::Decision;
-use crate::limiter::{store_check, CheckRequest, Limiter};
-use crate::rules::{Lookup, Rules};
+use crate::rules::{Matched, Rules};
 use crate::store::{Store, StoreError};
 
 /// What applies to one descriptor, and why.
@@ -87,28 +88,22 @@ impl From<Decision> for DecisionView {
     }
 }
 
-/// Explains `request` under `rules`; asks `store` what it would decide when given.
+/// Explains `request` under `rules`; asks `store` what it would decide when given. The
+/// descriptors are matched by the same step a check takes ([`super::matching`]).
 pub async fn explain<S: Store>(
     rules: &Rules,
     request: &CheckRequest<'_>,
     store: Option<&S>,
 ) -> Result<Vec<Explanation>, StoreError> {
-    let mut replaced: HashSet<String> = HashSet::new();
-    let mut matches = Vec::with_capacity(request.descriptors.len());
-    for descriptor in &request.descriptors {
-        let lookup = rules.lookup(
-            request.domain,
-            &descriptor.entries,
-            descriptor.limit_override,
-        );
-        if let Lookup::Matched(matched) = &lookup {
-            replaced.extend(matched.rule.replaces.iter().map(|name| name.to_string()));
-        }
-        matches.push(lookup);
-    }
+    let mut replaced = HashSet::new();
+    let applies: Vec<Applies<'_>> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| match_descriptor(rules, request, descriptor, &mut replaced))
+        .collect();
     let request_cost = request.hits_addend.max(1);
-    let mut out = Vec::with_capacity(matches.len());
-    for (descriptor, lookup) in request.descriptors.iter().zip(matches) {
+    let mut out = Vec::with_capacity(applies.len());
+    for (descriptor, applies) in request.descriptors.iter().zip(applies) {
         let matched_by = rules
             .trace(request.domain, &descriptor.entries)
             .unwrap_or_default()
@@ -128,63 +123,55 @@ pub async fn explain<S: Store>(
             cost: descriptor.hits_addend.unwrap_or(request_cost),
             would_decide: Vec::new(),
         };
-        let matched = match lookup {
-            Lookup::UnknownDomain => {
-                explanation.outcome = "unknown_domain";
-                out.push(explanation);
-                continue;
+        match applies {
+            Applies::UnknownDomain => explanation.outcome = "unknown_domain",
+            Applies::NoMatch => {}
+            Applies::Unlimited(matched) => {
+                explanation.outcome = "unlimited";
+                explanation.rule = Some(rule_view(&matched));
             }
-            Lookup::NoMatch => {
-                out.push(explanation);
-                continue;
-            }
-            Lookup::Matched(matched) => matched,
-        };
-        let rule = &matched.rule;
-        explanation.rule = Some(RuleView {
-            stats_key: matched.stats_key.to_string(),
-            config_path: rule.config_path.to_string(),
-            name: rule.name.as_deref().map(str::to_owned),
-            shadow_mode: rule.shadow_mode,
-            quota_mode: rule.quota_mode,
-            limits: rule
-                .limits
-                .iter()
-                .map(|limit| LimitView {
-                    requests_per_unit: limit.requests_per_unit,
-                    unit: limit.unit.as_upper_str().to_ascii_lowercase(),
-                    algorithm: limit.algorithm.as_str(),
-                    burst: limit.burst,
-                    failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
-                })
-                .collect(),
-        });
-        if rule.unlimited {
-            explanation.outcome = "unlimited";
-        } else if rule
-            .name
-            .as_deref()
-            .is_some_and(|name| replaced.contains(name))
-        {
-            explanation.outcome = "replaced";
-        } else {
-            explanation.outcome = "limited";
-            let check = store_check(
-                request.domain,
-                &descriptor.entries,
-                &matched,
-                explanation.cost,
-            );
-            explanation.counter_key = Some(check.key.hex());
-            if let Some(store) = store {
-                let mut decisions = Vec::new();
-                store.peek(&check, &mut decisions).await?;
-                explanation.would_decide = decisions.into_iter().map(DecisionView::from).collect();
+            Applies::Limited { matched, check, .. } => {
+                explanation.rule = Some(rule_view(&matched));
+                if is_replaced(&matched.rule, &replaced) {
+                    explanation.outcome = "replaced";
+                } else {
+                    explanation.outcome = "limited";
+                    explanation.counter_key = Some(check.key.hex());
+                    if let Some(store) = store {
+                        let mut decisions = Vec::new();
+                        store.peek(&check, &mut decisions).await?;
+                        explanation.would_decide =
+                            decisions.into_iter().map(DecisionView::from).collect();
+                    }
+                }
             }
         }
         out.push(explanation);
     }
     Ok(out)
+}
+
+/// The matched rule, for humans.
+fn rule_view(matched: &Matched<'_>) -> RuleView {
+    let rule = &matched.rule;
+    RuleView {
+        stats_key: matched.stats_key.to_string(),
+        config_path: rule.config_path.to_string(),
+        name: rule.name.as_deref().map(str::to_owned),
+        shadow_mode: rule.shadow_mode,
+        quota_mode: rule.quota_mode,
+        limits: rule
+            .limits
+            .iter()
+            .map(|limit| LimitView {
+                requests_per_unit: limit.requests_per_unit,
+                unit: limit.unit.as_upper_str().to_ascii_lowercase(),
+                algorithm: limit.algorithm.as_str(),
+                burst: limit.burst,
+                failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
+            })
+            .collect(),
+    }
 }
 
 impl<S: Store> Limiter<S> {

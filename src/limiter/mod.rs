@@ -10,6 +10,7 @@ pub mod explain;
 pub mod fallback;
 mod hotkeys;
 pub mod lease;
+mod matching;
 pub mod meter;
 pub mod precheck;
 pub mod stats;
@@ -25,7 +26,7 @@ use tracing::Instrument;
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{
-    stats_name, Entry, FailureMode, LeaseMode, LimitOverride, Lookup, Matched, Rule, RuleRef, Rules,
+    stats_name, Entry, FailureMode, LeaseMode, LimitOverride, Matched, Rule, RuleRef, Rules,
 };
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
@@ -33,6 +34,7 @@ use blocked::BlockedCache;
 use fallback::Fallback;
 use hotkeys::{HotKeyLayer, Leased};
 use lease::Leases;
+use matching::Applies;
 use precheck::Precheck;
 use within::within;
 
@@ -237,7 +239,9 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`Limiter::check`], with store calls abandoned at `deadline` (the caller's own,
-    /// from `grpc-timeout`): past it, checks take their rule's failure mode.
+    /// from `grpc-timeout`): past it, checks take their rule's failure mode. Four steps:
+    /// match every descriptor, answer what the local layers can, ask the store the rest,
+    /// and turn its decisions into verdicts.
     pub async fn check_within<'r>(
         &self,
         rules: &'r Rules,
@@ -249,49 +253,79 @@ impl<S: Store> Limiter<S> {
         // a grown vector would start at four, and both live across the store's round trip.
         let mut pending = Vec::new();
         let mut checks = Vec::new();
-        let mut replaced: HashSet<&'r str> = HashSet::new();
-        let request_hits = request.hits_addend.max(1);
+        let replaced = self.match_all(rules, request, &mut verdicts, &mut pending, &mut checks);
+        let now = self.clock.now();
+        let any_blocked = self
+            .answer_locally(
+                &replaced,
+                &mut pending,
+                &mut checks,
+                &mut verdicts,
+                now,
+                deadline,
+            )
+            .await?;
+        if checks.is_empty() {
+            return Ok(verdicts);
+        }
+        if self.settings.stop_increment_when_over_limit {
+            Box::pin(self.charge_only_if_none_over(&mut checks, any_blocked, deadline)).await?;
+        }
+        let (decisions, by_store) = self.ask_store(&pending, &checks, deadline).await?;
+        self.store_verdicts(
+            pending,
+            &checks,
+            &decisions,
+            by_store.as_deref(),
+            now,
+            &mut verdicts,
+        );
+        Ok(verdicts)
+    }
 
+    /// Step 1: matches every descriptor ([`matching::match_descriptor`]). A limited one
+    /// becomes a pending check (in `pending` and `checks`, in step); the others get their
+    /// verdict now. Returns the names the matched rules replace.
+    fn match_all<'r>(
+        &self,
+        rules: &'r Rules,
+        request: &CheckRequest<'_>,
+        verdicts: &mut Vec<Verdict<'r>>,
+        pending: &mut Vec<Pending<'r>>,
+        checks: &mut Vec<StoreCheck>,
+    ) -> HashSet<&'r str> {
+        let mut replaced = HashSet::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             verdicts.push(Verdict::NoLimit);
-            let matched = match rules.lookup(
-                request.domain,
-                &descriptor.entries,
-                descriptor.limit_override,
-            ) {
-                Lookup::UnknownDomain => {
-                    self.metrics.domain_not_found.inc();
-                    continue;
-                }
-                Lookup::NoMatch => continue,
-                Lookup::Matched(matched) => matched,
-            };
-            // An unlimited rule's `replaces` apply too, as in the reference.
-            if let RuleRef::Borrowed(rule) = matched.rule {
-                replaced.extend(rule.replaces.iter().map(|name| &**name));
-            }
-            if matched.rule.unlimited {
-                verdicts[index] = Verdict::Unlimited;
-                continue;
-            }
+            let (matched, check, hits) =
+                match matching::match_descriptor(rules, request, descriptor, &mut replaced) {
+                    Applies::UnknownDomain => {
+                        self.metrics.domain_not_found.inc();
+                        continue;
+                    }
+                    Applies::NoMatch => continue,
+                    Applies::Unlimited(_) => {
+                        verdicts[index] = Verdict::Unlimited;
+                        continue;
+                    }
+                    Applies::Limited {
+                        matched,
+                        check,
+                        hits,
+                    } => (matched, check, hits),
+                };
             let stats_label = match &matched.stats_key {
                 Cow::Borrowed(key) if *key == &*matched.rule.stats_key => {
                     matched.rule.stats_label.clone()
                 }
                 key => self.metrics.rule_label(&stats_name(key)),
             };
-            let hits = descriptor.hits_addend.unwrap_or(request_hits);
             if checks.capacity() == 0 {
                 let left = request.descriptors.len() - index;
                 checks.reserve_exact(left);
                 pending.reserve_exact(left);
             }
-            checks.push(store_check(
-                request.domain,
-                &descriptor.entries,
-                &matched,
-                hits,
-            ));
+            checks.push(check);
             pending.push(Pending {
                 index,
                 rule: matched.rule,
@@ -300,21 +334,28 @@ impl<S: Store> Limiter<S> {
                 precheck_charge: false,
             });
         }
+        replaced
+    }
 
-        // A named limit listed in another matched rule's `replaces` is not applied; then
-        // keys the store refused recently are answered locally.
-        let now = self.clock.now();
+    /// Step 2: takes out of `pending` (and `checks`) what needs no store call: a rule
+    /// another replaces, a key the store refused recently (blocked-until cache), a
+    /// leased unit, a pre-check refusal. Whether any was refused locally.
+    async fn answer_locally<'r>(
+        &self,
+        replaced: &HashSet<&'r str>,
+        pending: &mut Vec<Pending<'r>>,
+        checks: &mut Vec<StoreCheck>,
+        verdicts: &mut [Verdict<'r>],
+        now: Micros,
+        deadline: Option<Instant>,
+    ) -> Result<bool, LimiterError> {
         let mut any_blocked = false;
         // Filtered in place (order kept), so no second pair of vectors is allocated.
         let mut position = 0;
         while position < pending.len() {
             let item: &mut Pending<'r> = &mut pending[position];
             let check = &checks[position];
-            let is_replaced = item
-                .rule
-                .name
-                .as_deref()
-                .is_some_and(|name| replaced.contains(name));
+            let is_replaced = matching::is_replaced(&item.rule, replaced);
             let blocked = if is_replaced || !self.uses_blocked_cache(&item.rule) {
                 None
             } else {
@@ -370,14 +411,18 @@ impl<S: Store> Limiter<S> {
                 None => {}
             }
         }
-        if checks.is_empty() {
-            return Ok(verdicts);
-        }
+        Ok(any_blocked)
+    }
 
-        if self.settings.stop_increment_when_over_limit {
-            Box::pin(self.charge_only_if_none_over(&mut checks, any_blocked, deadline)).await?;
-        }
-
+    /// Step 3: asks the store to decide `checks` (one decision per limit, in order). Where
+    /// it fails for all of them, or (a cluster shard down) for some, their rules' failure
+    /// modes answer instead: then which checks the store decided.
+    async fn ask_store(
+        &self,
+        pending: &[Pending<'_>],
+        checks: &[StoreCheck],
+        deadline: Option<Instant>,
+    ) -> Result<(Vec<Decision>, Option<Vec<bool>>), LimiterError> {
         let expected = checks.iter().map(|c| c.limits.len()).sum();
         let mut decisions = Vec::with_capacity(expected);
         let span = tracing::debug_span!(
@@ -388,7 +433,7 @@ impl<S: Store> Limiter<S> {
         let answered = match within(
             deadline,
             &self.metrics,
-            self.store.check(&checks, &mut decisions).instrument(span),
+            self.store.check(checks, &mut decisions).instrument(span),
         )
         .await
         {
@@ -398,8 +443,6 @@ impl<S: Store> Limiter<S> {
             ))),
             other => other,
         };
-        // Who decided each check: the store, unless it failed for all of them or (a
-        // cluster shard down) for some, which their rules' failure modes then answer.
         let mut by_store: Option<Vec<bool>> = None;
         if let Err(error) = answered {
             let (error, failed) = match error {
@@ -413,8 +456,8 @@ impl<S: Store> Limiter<S> {
                 }
             };
             let decided = Box::pin(self.answer_failed(
-                &pending,
-                &checks,
+                pending,
+                checks,
                 failed.as_deref(),
                 error,
                 &mut decisions,
@@ -422,19 +465,31 @@ impl<S: Store> Limiter<S> {
             .await?;
             by_store = Some(decided);
         }
+        Ok((decisions, by_store))
+    }
 
+    /// Step 4: the verdict of each pending check from its decisions (`by_store`: which
+    /// checks the store decided, where it failed for some).
+    fn store_verdicts<'r>(
+        &self,
+        pending: Vec<Pending<'r>>,
+        checks: &[StoreCheck],
+        decisions: &[Decision],
+        by_store: Option<&[bool]>,
+        now: Micros,
+        verdicts: &mut [Verdict<'r>],
+    ) {
         let mut offset = 0;
-        for (position, (item, check)) in pending.into_iter().zip(&checks).enumerate() {
+        for (position, (item, check)) in pending.into_iter().zip(checks).enumerate() {
             let limit_decisions = &decisions[offset..offset + check.limits.len()];
             offset += check.limits.len();
             let index = item.index;
-            let decided_by = match &by_store {
+            let decided_by = match by_store {
                 Some(by_store) if !by_store[position] => DecidedBy::FailureMode,
                 _ => DecidedBy::Store,
             };
             verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
         }
-        Ok(verdicts)
     }
 
     /// Puts the failure modes' answers in place of the decisions of the checks the

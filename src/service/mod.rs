@@ -2,6 +2,7 @@
 //! live rules, and assembles the answer. Shared by the gRPC endpoint and `POST /json`.
 //! Error-to-status mapping lives in [`errors`] alone.
 
+mod builder;
 pub mod debug;
 pub mod errors;
 pub mod request;
@@ -21,6 +22,7 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::live::LiveRules;
 use crate::store::Store;
 use crate::telemetry::Metrics;
+pub use builder::ServiceBuilder;
 use debug::DebugReports;
 pub use errors::ServiceError;
 pub use request::RequestBounds;
@@ -49,28 +51,9 @@ pub struct Service<S> {
 // === impl Service ===
 
 impl<S: Store> Service<S> {
-    /// A service deciding with `limiter` under `rules`.
-    pub fn new(
-        limiter: Limiter<S>,
-        rules: Arc<LiveRules>,
-        options: ResponseOptions,
-        bounds: RequestBounds,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            limiter,
-            rules,
-            options,
-            bounds,
-            metrics,
-            debug: None,
-        }
-    }
-
-    /// Records the debug reports (`/debug/shadow`, `/debug/hotkeys`) into `reports`.
-    pub fn with_debug_reports(mut self, reports: Arc<DebugReports>) -> Self {
-        self.debug = Some(reports);
-        self
+    /// Builds a service over `store` under `rules` (see [`ServiceBuilder`]).
+    pub fn builder(store: S, rules: Arc<LiveRules>) -> ServiceBuilder<S> {
+        ServiceBuilder::new(store, rules)
     }
 
     /// The debug reports, when enabled.

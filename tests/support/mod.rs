@@ -212,20 +212,9 @@ pub fn service_with<S: sluice::store::Store>(
         ),
         "rules load"
     );
-    let metrics = Arc::new(sluice::telemetry::Metrics::new());
-    let limiter = sluice::limiter::Limiter::new(
-        store,
-        clock,
-        sluice::limiter::LimiterSettings::default(),
-        metrics.clone(),
-    );
-    let service = sluice::service::Service::new(
-        limiter,
-        rules,
-        sluice::service::ResponseOptions::default(),
-        sluice::service::RequestBounds::default(),
-        metrics,
-    );
+    let service = sluice::service::Service::builder(store, rules)
+        .clock(clock)
+        .build();
     (dir, service)
 }
 

@@ -15,7 +15,7 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// First capacity of a call's encode and decode buffers: within the allocator's
 /// small-block caches, and room for any ordinary RLS message.
-pub const BUFFER_BYTES: usize = 1024;
+pub(crate) const BUFFER_BYTES: usize = 1024;
 
 /// How much a streaming encoder writes before yielding (tonic's default; RLS calls are
 /// unary).
@@ -23,7 +23,7 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 
 /// [`ProstCodec`] with [`BUFFER_BYTES`] buffers; `codec_path` of the generated code.
 #[derive(Debug)]
-pub struct RlsCodec<T, U>(PhantomData<(T, U)>);
+pub(crate) struct RlsCodec<T, U>(PhantomData<(T, U)>);
 
 impl<T, U> Default for RlsCodec<T, U> {
     fn default() -> Self {

@@ -30,7 +30,7 @@ pub fn current() -> Option<usize> {
 }
 
 /// Serving threads for a `--workers` setting (`None`: one per core).
-pub fn count_for(workers: Option<usize>) -> usize {
+pub(crate) fn count_for(workers: Option<usize>) -> usize {
     workers
         .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
         .unwrap_or(1)
@@ -39,7 +39,7 @@ pub fn count_for(workers: Option<usize>) -> usize {
 
 /// What a lane thread runs once it is handed its work (made on the thread: need not be
 /// `Send`).
-pub type Work = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+pub(crate) type Work = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 
 /// Serving threads started but not handed their work yet: their runtimes already run
 /// tasks spawned through [`Lanes::handles`]. Dropped unused, the threads end.
@@ -94,7 +94,7 @@ impl Lanes {
 
     /// The lanes' runtimes, in lane order (lane `i` is the thread where [`current`] is
     /// `Some(i)`).
-    pub fn handles(&self) -> Vec<Handle> {
+    pub(crate) fn handles(&self) -> Vec<Handle> {
         self.idle.iter().map(|lane| lane.handle.clone()).collect()
     }
 

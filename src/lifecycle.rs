@@ -29,7 +29,7 @@ impl Lifecycle {
     }
 
     /// Records whether rules are loaded; readiness follows unless draining.
-    pub fn set_rules_loaded(&self, loaded: bool) {
+    pub(crate) fn set_rules_loaded(&self, loaded: bool) {
         // Decided under the channel's lock, so a drain in between cannot be undone.
         self.serving.send_if_modified(|serving| {
             let next = loaded && !self.is_draining();
@@ -38,22 +38,22 @@ impl Lifecycle {
     }
 
     /// Follows readiness changes.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.serving.subscribe()
     }
 
     /// Whether shutdown has begun.
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
 
     /// Time since start.
-    pub fn uptime(&self) -> Duration {
+    pub(crate) fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// Begins shutdown: readiness turns false at once and stays false.
-    pub fn start_draining(&self) {
+    pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
         self.serving
             .send_if_modified(|serving| std::mem::replace(serving, false));

@@ -45,4 +45,4 @@ pub use envoy::r#type::v3 as types;
 pub use envoy::service::ratelimit::v3 as rls;
 
 /// Encoded file descriptor set of the protos (for gRPC reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("rls_descriptor");
+pub(crate) const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("rls_descriptor");

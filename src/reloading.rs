@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 type Stamp = Option<(SystemTime, u64, u64)>;
 
 /// A value built from `paths`, rebuilt when they change.
-pub struct Reloading<T> {
+pub(crate) struct Reloading<T> {
     /// What the files are, for the logs (e.g. "gRPC TLS").
     what: &'static str,
     /// The files the value is built from.

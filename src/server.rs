@@ -28,7 +28,7 @@ use crate::store::Store;
 use crate::telemetry::{Metrics, ResultLabel};
 
 /// gRPC health service name the reference registers.
-pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
+pub(crate) const HEALTH_SERVICE_NAME: &str = "ratelimit";
 
 /// How often expired memory-store entries are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -71,7 +71,7 @@ pub async fn run(
 
 /// [`run`] with `clock` for the stores and the limiter (tests drive time with a manual
 /// one; Redis keeps its own clock, `TIME`).
-pub async fn run_with_clock(
+pub(crate) async fn run_with_clock(
     listeners: Listeners,
     settings: Settings,
     clock: Arc<dyn Clock>,

@@ -21,11 +21,11 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Most distinct `rule` label values; further detailed-metric keys share `overflow`.
-pub const MAX_RULE_LABELS: usize = 10_000;
+pub(crate) const MAX_RULE_LABELS: usize = 10_000;
 
 /// Longest `rule` label built from request values; a longer key is cut (at a character
 /// boundary) and ends in `...`.
-pub const MAX_RULE_LABEL_BYTES: usize = 256;
+pub(crate) const MAX_RULE_LABEL_BYTES: usize = 256;
 
 /// Label of a per-rule hit statistic.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -165,7 +165,7 @@ type CachedCounters = (Arc<str>, Arc<str>, Arc<RuleCounters>);
 
 /// A reference hit statistic (`sluice_rule_hits_total{stat}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuleStat {
+pub(crate) enum RuleStat {
     /// `total_hits`.
     TotalHits,
     /// `within_limit`.
@@ -204,11 +204,11 @@ impl RuleStat {
 }
 
 /// The `decision` label values.
-pub const DECISIONS: [&str; 4] = ["ok", "over_limit", "near_limit", "shadow_over_limit"];
+pub(crate) const DECISIONS: [&str; 4] = ["ok", "over_limit", "near_limit", "shadow_over_limit"];
 
 /// Every counter one rule label can move, each resolved from its family on first use
 /// (so untouched series stay absent from `/metrics`, as before) and then kept.
-pub struct RuleCounters {
+pub(crate) struct RuleCounters {
     /// Domain label.
     domain: Arc<str>,
     /// Rule label.
@@ -272,7 +272,7 @@ impl RuleCounters {
 
 /// Hashes pointer pairs: the addresses are distinct, folding them is enough.
 #[derive(Default)]
-pub struct PtrHasher(u64);
+pub(crate) struct PtrHasher(u64);
 
 impl Hasher for PtrHasher {
     fn finish(&self) -> u64 {
@@ -428,7 +428,7 @@ impl Metrics {
 
     /// The label for a stats key built from request values (`detailed_metric`,
     /// `value_to_metric`, overrides), capped in length and in number.
-    pub fn rule_label(&self, stats_key: &str) -> Arc<str> {
+    pub(crate) fn rule_label(&self, stats_key: &str) -> Arc<str> {
         let cut;
         let stats_key = if stats_key.len() > MAX_RULE_LABEL_BYTES {
             let mut end = MAX_RULE_LABEL_BYTES - 3;
@@ -456,7 +456,7 @@ impl Metrics {
     }
 
     /// The counters of rule label `rule` in `domain`, created on first use.
-    pub fn rule_counters(&self, domain: &Arc<str>, rule: &Arc<str>) -> Arc<RuleCounters> {
+    pub(crate) fn rule_counters(&self, domain: &Arc<str>, rule: &Arc<str>) -> Arc<RuleCounters> {
         let id = (
             Arc::as_ptr(domain) as *const u8 as usize,
             Arc::as_ptr(rule) as *const u8 as usize,
@@ -489,24 +489,14 @@ impl Metrics {
     }
 
     /// Counts one decision made by a local layer.
-    pub fn local_decision(&self, layer: &'static str) {
+    pub(crate) fn local_decision(&self, layer: &'static str) {
         self.local_decisions
             .get_or_create(&LayerLabel { layer })
             .inc();
     }
 
-    /// Counts one descriptor decision of a rule.
-    pub fn count_decision(&self, domain: &Arc<str>, rule: &Arc<str>, decision: &'static str) {
-        let labels = DecisionLabels {
-            domain: domain.clone(),
-            rule: rule.clone(),
-            decision,
-        };
-        self.requests.get_or_create(&labels).inc();
-    }
-
     /// Records the duration of one store call.
-    pub fn store_duration(&self, op: &'static str, elapsed: std::time::Duration) {
+    pub(crate) fn store_duration(&self, op: &'static str, elapsed: std::time::Duration) {
         self.store_durations
             .get_or_create(&OpLabel { op })
             .observe(elapsed.as_secs_f64());
@@ -518,7 +508,7 @@ impl Metrics {
     }
 
     /// Counts one check answered by a failure mode.
-    pub fn store_fallback(&self, rule: &Arc<str>, mode: &'static str) {
+    pub(crate) fn store_fallback(&self, rule: &Arc<str>, mode: &'static str) {
         let labels = FallbackLabels {
             rule: rule.clone(),
             mode,
@@ -527,7 +517,7 @@ impl Metrics {
     }
 
     /// Counts one failed call.
-    pub fn call_error(&self, kind: &'static str) {
+    pub(crate) fn call_error(&self, kind: &'static str) {
         self.call_errors.get_or_create(&KindLabel { kind }).inc();
     }
 
@@ -554,12 +544,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// Installs the global `tracing` subscriber; `level` is a filter such as `info` or
-/// `sluice=debug`. Does nothing if one is installed already (tests).
-pub fn init_logging(format: LogFormat, level: &str) {
-    drop(init(format, level, None));
 }
 
 /// Longest wait for the last traces at exit.

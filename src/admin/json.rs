@@ -12,10 +12,10 @@ use crate::proto::types::RateLimitUnit;
 /// Why a JSON body is not a `RateLimitRequest`.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct JsonError(String);
+pub(crate) struct JsonError(String);
 
 /// Parses a proto3 JSON `RateLimitRequest` (camelCase or original field names).
-pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| JsonError(e.to_string()))?;
     let object = as_object(&value, "request")?;
     let mut request = RateLimitRequest {
@@ -74,7 +74,7 @@ fn parse_descriptor(value: &Value) -> Result<RateLimitDescriptor, JsonError> {
 }
 
 /// The canonical proto3 JSON of a response (default values omitted).
-pub fn response_to_json(response: &RateLimitResponse) -> Value {
+pub(crate) fn response_to_json(response: &RateLimitResponse) -> Value {
     let mut out = Map::new();
     if response.overall_code != 0 {
         out.insert("overallCode".into(), code_name(response.overall_code));

@@ -123,7 +123,7 @@ pub struct Decision {
 impl Decision {
     /// The answer for a quota that cannot admit anything (see [`is_invalid`]): refused,
     /// nothing remaining, retry after one period (at least 1 µs).
-    pub fn invalid_quota(cost: u64, quota: &Quota) -> Self {
+    pub(crate) fn invalid_quota(cost: u64, quota: &Quota) -> Self {
         Self {
             allowed: false,
             remaining: 0,

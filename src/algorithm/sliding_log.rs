@@ -4,7 +4,7 @@
 //! plus `cost` are ≤ `limit`; only admitted requests are logged. The log is a sorted list
 //! of runs `(instant, units)`, one per instant with admissions, pruned on every decision,
 //! so it never holds more runs than `limit` (each holds at least one unit; limits above
-//! [`crate::rules::MAX_SLIDING_LOG_LIMIT`] are rejected at rule load).
+//! `MAX_SLIDING_LOG_LIMIT` (1 000) are rejected at rule load).
 //!
 //! A clock that stepped back is treated as being at the newest run's instant (elapsed
 //! clamped at zero), so the log stays sorted and nothing expires early.

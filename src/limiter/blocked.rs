@@ -25,7 +25,7 @@ use crate::store::{CounterKey, LimitCheck, StoreCheck};
 const MIN_TTL: Duration = Duration::from_secs(1);
 
 /// Default number of keys the cache holds.
-pub const DEFAULT_CAPACITY: u64 = 100_000;
+pub(crate) const DEFAULT_CAPACITY: u64 = 100_000;
 
 /// Identity of a blocked check: its counters and the limits it was decided under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,7 +38,7 @@ struct BlockKey {
 
 /// What the store said when it refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Blocked {
+pub(crate) struct Blocked {
     /// Until this instant, requests of `cost` are refused here.
     pub until: Micros,
     /// When the store said such a request could pass (reported; at or after `until`).
@@ -57,7 +57,7 @@ pub struct Blocked {
 
 impl Blocked {
     /// The refusal to answer at `now`.
-    pub fn decision_at(&self, now: Micros) -> Decision {
+    pub(crate) fn decision_at(&self, now: Micros) -> Decision {
         Decision {
             allowed: false,
             remaining: 0,
@@ -93,7 +93,7 @@ impl Expiry<BlockKey, Blocked> for UntilBlockEnds {
 }
 
 /// Bounded map of keys the store has refused.
-pub struct BlockedCache {
+pub(crate) struct BlockedCache {
     /// Entries expire when their block ends; the least useful go first when full.
     cache: Cache<BlockKey, Blocked>,
     /// The latest `until` ever inserted: at or after it no entry can block, so the

@@ -17,7 +17,7 @@ use crate::store::{LimitCheck, Store, StoreCheck};
 const LOCAL_MAX_KEYS: usize = 100_000;
 
 /// Decides checks without the shared store.
-pub struct Fallback {
+pub(crate) struct Fallback {
     /// Counters of the `local` mode.
     local: MemoryStore,
     /// Instances sharing the store (`--replicas`): local limits are divided by it.
@@ -95,7 +95,7 @@ impl Fallback {
 }
 
 /// Name of a mode for metrics and logs.
-pub fn mode_name(mode: FailureMode) -> &'static str {
+pub(crate) fn mode_name(mode: FailureMode) -> &'static str {
     match mode {
         FailureMode::Open => "open",
         FailureMode::Closed => "closed",

@@ -198,7 +198,7 @@ impl<S: Store> Limiter<S> {
     /// Gives back the unused units of expired leases, or of every lease when
     /// `all` (at shutdown). The server runs it every [`super::lease::RETURN_INTERVAL`]; a
     /// failed return is retried on the next run.
-    pub async fn return_leases(&self, all: bool) {
+    pub(crate) async fn return_leases(&self, all: bool) {
         if !self.leases.any_held() {
             return;
         }

@@ -43,20 +43,20 @@ use crate::rules::{Lease, LeaseMode};
 use crate::store::{CounterKey, LeaseGrant, LeaseRequest, LimitCheck, StoreCheck};
 
 /// Most keys with a lease (or an `auto` rate meter) kept per instance.
-pub const DEFAULT_CAPACITY: u64 = 10_000;
+pub(crate) const DEFAULT_CAPACITY: u64 = 10_000;
 
 /// Checks per second from which `auto` leases a key.
-pub const AUTO_MIN_RATE: u64 = 50;
+pub(crate) const AUTO_MIN_RATE: u64 = 50;
 
 /// Largest lease `auto` takes.
-pub const MAX_AUTO_UNITS: u64 = 1_000;
+pub(crate) const MAX_AUTO_UNITS: u64 = 1_000;
 
 /// How often the server returns the unused units of expired leases.
-pub const RETURN_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const RETURN_INTERVAL: Duration = Duration::from_millis(50);
 
 /// One key's lease in this instance.
 #[derive(Debug, Default)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// The check to return units with (cost 0).
     check: Option<StoreCheck>,
     /// Rule label for the gauges.
@@ -121,7 +121,7 @@ impl Slot {
     /// open breaker). A call that failed after it may have run is never restored: its
     /// script may have taken the units back, and using them again could admit beyond
     /// the limit; losing them can only refuse early.
-    pub fn restore(&mut self, give_back: Option<(u64, Micros, Micros)>) {
+    pub(crate) fn restore(&mut self, give_back: Option<(u64, Micros, Micros)>) {
         if let Some((units, granted_at, _)) = give_back {
             if granted_at == self.granted_at {
                 self.units = self.units.saturating_add(units);
@@ -130,13 +130,13 @@ impl Slot {
     }
 
     /// Whether this slot's lease is open but can no longer be used at `now`.
-    pub fn is_expired(&self, now: Micros) -> bool {
+    pub(crate) fn is_expired(&self, now: Micros) -> bool {
         self.open > 0 && now >= self.expires
     }
 
     /// The call returning this slot's unused units (taken out, see
     /// [`Slot::give_back`]), if any.
-    pub fn return_request(&mut self) -> Option<LeaseRequest> {
+    pub(crate) fn return_request(&mut self) -> Option<LeaseRequest> {
         let mut check = self.check.clone()?;
         check.cost = 0;
         let give_back = self.give_back()?;
@@ -155,7 +155,7 @@ impl Slot {
 
     /// Replaces the lease after a lease call sent at `sent` answered `grant`; the
     /// units of the lease it closes.
-    pub fn renew(
+    pub(crate) fn renew(
         &mut self,
         request: &LeaseRequest,
         rule: &Arc<str>,
@@ -197,7 +197,7 @@ impl Slot {
 
 /// One leased key: its slot, and the lock one renewal at a time holds.
 #[derive(Debug, Default)]
-pub struct Cell {
+pub(crate) struct Cell {
     /// The lease; a short synchronous lock (taking units never waits on the store).
     slot: Mutex<Slot>,
     /// Held across a lease call, so that an instance renews a key once at a time and
@@ -213,7 +213,7 @@ impl Cell {
 }
 
 /// The leases of this instance.
-pub struct Leases {
+pub(crate) struct Leases {
     /// One cell per leased key (counter and limits fingerprint).
     slots: Cache<(CounterKey, u64), Arc<Cell>>,
     /// Rate meters of `auto` keys.
@@ -257,23 +257,23 @@ impl Leases {
     }
 
     /// The cell of a check's key.
-    pub fn cell(&self, check: &StoreCheck) -> Arc<Cell> {
+    pub(crate) fn cell(&self, check: &StoreCheck) -> Arc<Cell> {
         self.slots
             .get_with((check.key, fingerprint(&check.limits)), Default::default)
     }
 
     /// Moves the count of units held by `delta`.
-    pub fn add_held(&self, delta: i64) {
+    pub(crate) fn add_held(&self, delta: i64) {
         self.held.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Whether any lease holds units.
-    pub fn any_held(&self) -> bool {
+    pub(crate) fn any_held(&self) -> bool {
         self.held.load(Ordering::Relaxed) > 0
     }
 
     /// Every cell, for the return loop.
-    pub fn cells(&self) -> Vec<Arc<Cell>> {
+    pub(crate) fn cells(&self) -> Vec<Arc<Cell>> {
         self.slots.iter().map(|(_, slot)| slot).collect()
     }
 

@@ -13,7 +13,7 @@ use crate::rules::{Lookup, Matched, Rule, RuleRef, Rules};
 use crate::store::StoreCheck;
 
 /// How one descriptor applies.
-pub enum Applies<'r> {
+pub(crate) enum Applies<'r> {
     /// The request's domain has no rules.
     UnknownDomain,
     /// No rule matches the descriptor.
@@ -35,7 +35,7 @@ pub enum Applies<'r> {
 /// Looks `descriptor` of `request` up in `rules`. The names its rule replaces go into
 /// `replaced` (an `unlimited` rule's too, as in the reference): apply them with
 /// [`is_replaced`] once every descriptor of the request is matched.
-pub fn match_descriptor<'r>(
+pub(crate) fn match_descriptor<'r>(
     rules: &'r Rules,
     request: &CheckRequest<'_>,
     descriptor: &Descriptor<'_>,
@@ -67,7 +67,7 @@ pub fn match_descriptor<'r>(
 }
 
 /// Whether another matched rule of the request replaces `rule` (by its name).
-pub fn is_replaced(rule: &Rule, replaced: &HashSet<&str>) -> bool {
+pub(crate) fn is_replaced(rule: &Rule, replaced: &HashSet<&str>) -> bool {
     rule.name
         .as_deref()
         .is_some_and(|name| replaced.contains(name))

@@ -34,7 +34,7 @@ const SECOND_SHIFT: u32 = 25;
 struct Block([AtomicU64; PER_BLOCK]);
 
 /// A fixed array of per-second check counters.
-pub struct Meters {
+pub(crate) struct Meters {
     /// The packed counters; a key has two meters in one block.
     blocks: Box<[Block]>,
     /// Checks per second from which a key is hot.

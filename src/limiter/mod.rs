@@ -11,7 +11,7 @@ pub mod fallback;
 mod hotkeys;
 pub mod lease;
 mod matching;
-pub mod meter;
+pub(crate) mod meter;
 pub mod precheck;
 pub mod stats;
 mod within;
@@ -242,7 +242,7 @@ impl<S: Store> Limiter<S> {
     /// from `grpc-timeout`): past it, checks take their rule's failure mode. Four steps:
     /// match every descriptor, answer what the local layers can, ask the store the rest,
     /// and turn its decisions into verdicts.
-    pub async fn check_within<'r>(
+    pub(crate) async fn check_within<'r>(
         &self,
         rules: &'r Rules,
         request: &CheckRequest<'_>,
@@ -730,7 +730,7 @@ fn longest_wait(refusals: impl Iterator<Item = (usize, Decision)>) -> Option<(us
 
 /// Whole seconds until `micros` have passed, rounded up (the reference's
 /// `duration_until_reset` granularity).
-pub fn ceil_seconds(micros: u64) -> u64 {
+pub(crate) fn ceil_seconds(micros: u64) -> u64 {
     micros.div_ceil(MICROS_PER_SECOND)
 }
 

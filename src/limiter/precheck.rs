@@ -42,10 +42,10 @@ use crate::algorithm::{self, AlgorithmKind, Decision, Micros, State};
 use crate::store::{CounterKey, LimitCheck};
 
 /// Default number of hot keys kept.
-pub const DEFAULT_CAPACITY: u64 = 10_000;
+pub(crate) const DEFAULT_CAPACITY: u64 = 10_000;
 
 /// Checks per second from which a key is hot.
-pub const MIN_RATE: u64 = 10;
+pub(crate) const MIN_RATE: u64 = 10;
 
 /// What one limit of a hot key looks like from this instance.
 #[derive(Clone, Debug)]
@@ -82,7 +82,7 @@ pub enum Before {
 type Entry = Arc<Mutex<Vec<Local>>>;
 
 /// Bounded map of hot keys to their local views.
-pub struct Precheck {
+pub(crate) struct Precheck {
     /// Keyed by counter and limits fingerprint (an edited rule starts afresh).
     cache: Cache<(CounterKey, u64), Entry>,
     /// Which keys are hot.

@@ -5,7 +5,7 @@ use crate::algorithm::Decision;
 
 /// How one descriptor's hits split across the reference's statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HitSplit {
+pub(crate) struct HitSplit {
     /// Hits that ended within the limit.
     pub within_limit: u64,
     /// Hits past the near-limit threshold.
@@ -17,7 +17,12 @@ pub struct HitSplit {
 /// Splits `hits` as envoyproxy/ratelimit does: the near threshold is
 /// `floor(limit × ratio)` (computed in `f32` like the reference), and a request's hits
 /// are attributed by where the usage before and after them falls.
-pub fn split_hits(decision: &Decision, limit: u64, hits: u64, near_limit_ratio: f32) -> HitSplit {
+pub(crate) fn split_hits(
+    decision: &Decision,
+    limit: u64,
+    hits: u64,
+    near_limit_ratio: f32,
+) -> HitSplit {
     let near_threshold = ((limit as f32) * near_limit_ratio).floor() as u64;
     let after = decision.used;
     let before = after.saturating_sub(hits);

@@ -21,7 +21,7 @@ use super::HANDSHAKE_TIMEOUT;
 const READY_QUEUE: usize = 1024;
 
 /// One accepted gRPC connection.
-pub enum GrpcIo {
+pub(crate) enum GrpcIo {
     /// Plaintext HTTP/2.
     Plain(TcpStream),
     /// HTTP/2 over TLS.
@@ -29,7 +29,7 @@ pub enum GrpcIo {
 }
 
 /// Connections ready to serve; dropping it stops taking dealt connections.
-pub struct Incoming {
+pub(crate) struct Incoming {
     ready: mpsc::Receiver<GrpcIo>,
     acceptor: JoinHandle<()>,
 }
@@ -37,7 +37,7 @@ pub struct Incoming {
 /// Connections accepted elsewhere (see [`super::lanes`]) and sent here as standard
 /// sockets: each is registered with this runtime, then prepared (with `tls`, handshaken
 /// under the certificates in force at that moment) before it is handed over.
-pub fn incoming_dealt(
+pub(crate) fn incoming_dealt(
     mut dealt: mpsc::Receiver<std::net::TcpStream>,
     tls: Option<Arc<ReloadingTls>>,
 ) -> Incoming {

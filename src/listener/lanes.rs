@@ -21,7 +21,7 @@ const DEALT_QUEUE: usize = 1024;
 const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Builds a lane's gRPC router (its services; each lane serves its own copy).
-pub type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
+pub(crate) type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
 
 /// Why lanes could not start or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ pub fn serve(
 impl Serving {
     /// Completes when every lane has stopped serving (after `stop`, once its
     /// connections have finished), with the first lane's error if any.
-    pub async fn finished(&mut self) -> Result<(), tonic::transport::Error> {
+    pub(crate) async fn finished(&mut self) -> Result<(), tonic::transport::Error> {
         let mut first_error = Ok(());
         for lane in &mut self.lanes {
             if let Some(done) = lane.done.take() {

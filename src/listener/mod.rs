@@ -12,24 +12,22 @@ mod verify;
 
 use std::time::Duration;
 
-pub use incoming::{incoming_dealt, GrpcIo, Incoming};
-
 /// Longest wait for a new connection's first byte (plaintext) or TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most concurrent requests (HTTP/2 streams) on one connection.
-pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// Largest header block a client may send (HPACK-decoded), in bytes.
-pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+pub(crate) const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Streams a client may open and reset before the server accepts them (the HTTP/2
 /// "rapid reset" attack, CVE-2023-44487); past it the connection gets GOAWAY.
-pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// Streams the server may reset because of client protocol errors before it closes
 /// the connection.
-pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
+pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
 /// HTTP/2 PING interval on idle connections (detects dead peers).
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a PING may go unanswered before the connection is closed.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Completes when the stop flag turns true (or its sender is gone).
 pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -41,7 +39,7 @@ pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
 }
 
 /// A tonic server builder with Sluice's HTTP/2 limits.
-pub fn hardened_server() -> tonic::transport::Server {
+pub(crate) fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))

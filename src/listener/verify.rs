@@ -15,7 +15,7 @@ use tokio_rustls::rustls::{
 
 /// A CA verifier plus a SAN allow-list.
 #[derive(Debug)]
-pub struct SanVerifier {
+pub(crate) struct SanVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     allowed: Vec<ServerName<'static>>,
 }

@@ -14,10 +14,10 @@ use super::schema::{RawDescriptor, RawRoot};
 use super::{ConfigError, Rule};
 
 /// Deepest descriptor nesting accepted (levels below the domain).
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
 /// Most descriptors (and so rules) accepted in one rule set, over all files.
-pub const MAX_DESCRIPTORS: usize = 1_000_000;
+pub(crate) const MAX_DESCRIPTORS: usize = 1_000_000;
 
 /// A rule set being built: domains in load order, each a tree of [`Draft`]s.
 #[derive(Default)]
@@ -61,7 +61,7 @@ struct Place<'a> {
 
 impl Builder {
     /// Adds one parsed file.
-    pub fn add_file(&mut self, file: &str, root: RawRoot, merge_domains: bool) {
+    pub(crate) fn add_file(&mut self, file: &str, root: RawRoot, merge_domains: bool) {
         let domain = root.domain.unwrap_or_default();
         if domain.is_empty() {
             self.errors.push(ConfigError::reference(
@@ -220,7 +220,7 @@ impl Builder {
 
 impl DraftLevel {
     /// Freezes a built level into the lookup index.
-    pub fn freeze(self) -> Level {
+    pub(crate) fn freeze(self) -> Level {
         let mut level = Level::default();
         for draft in self.nodes {
             let nodes: &mut KeyNodes = level.keys.entry(draft.key.into()).or_default();

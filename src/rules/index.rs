@@ -37,7 +37,7 @@ pub(crate) struct KeyNodes {
 
 /// One descriptor node of the config.
 #[derive(Debug)]
-pub(crate) struct Node {
+pub struct Node {
     /// The configured value (`""` for key-only; the pattern for wildcards).
     pub value: Box<str>,
     /// The rule at this node, if it has `rate_limit`/`rate_limits`.

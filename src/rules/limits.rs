@@ -15,7 +15,7 @@ const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
 /// memory and its cost grow with the limit. In Redis a check costs ~0.24 µs per logged
 /// instant: 2.4 ms at 10 000 (the cap before), enough for one hot key to hold its node
 /// past the call deadline; ~0.25 ms at 1 000. Larger limits want `sliding_window`.
-pub const MAX_SLIDING_LOG_LIMIT: u32 = 1_000;
+pub(crate) const MAX_SLIDING_LOG_LIMIT: u32 = 1_000;
 
 /// What a descriptor's `rate_limit`/`rate_limits` compile to.
 pub(crate) struct RuleLimits {

@@ -48,7 +48,7 @@ pub enum ReloadOutcome {
 
 /// One load error, in the shape `/status` shows.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LoadErrorInfo {
+pub(crate) struct LoadErrorInfo {
     /// The file (relative to the config path) or path the error is about.
     pub file: String,
     /// 1-based line, when the parser knows it.
@@ -63,7 +63,7 @@ pub struct LoadErrorInfo {
 
 /// The outcome of load attempts, for `/status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LoadReport {
+pub(crate) struct LoadReport {
     /// When the config path was last read, whatever the outcome.
     pub checked_at: Option<SystemTime>,
     /// When new content was last loaded or rejected.
@@ -168,7 +168,7 @@ impl LiveRules {
     }
 
     /// The last load attempts' outcome.
-    pub fn last_report(&self) -> LoadReport {
+    pub(crate) fn last_report(&self) -> LoadReport {
         self.last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -194,7 +194,7 @@ fn infos(errors: &[ConfigError]) -> Vec<LoadErrorInfo> {
 }
 
 /// Hash over file names and contents, in load order.
-pub fn content_hash(files: &[ConfigFile]) -> String {
+pub(crate) fn content_hash(files: &[ConfigFile]) -> String {
     let mut hasher = Sha256::new();
     for file in files {
         hasher.update((file.name.len() as u64).to_be_bytes());

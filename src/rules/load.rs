@@ -18,7 +18,7 @@ use super::{ConfigError, ConfigFile};
 ///
 /// Files are named by their path relative to `path` with `/` separators (by their file
 /// name when `path` is a file). In a directory, only `.yaml` and `.yml` files are read.
-pub fn read_config_path(path: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
+pub(crate) fn read_config_path(path: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
     let metadata = std::fs::metadata(path).map_err(|source| io_error(path, source))?;
     if metadata.is_file() {
         let name = path.file_name().map_or_else(

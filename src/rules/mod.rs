@@ -21,13 +21,10 @@ pub mod watch;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use compile::{MAX_DEPTH, MAX_DESCRIPTORS};
 pub use error::ConfigError;
-pub use limits::MAX_SLIDING_LOG_LIMIT;
-pub use load::read_config_path;
+pub(crate) use load::read_config_path;
 pub use model::*;
-pub use schema::MAX_FILE_BYTES;
-pub use stats_name::stats_name;
+pub(crate) use stats_name::stats_name;
 
 use crate::algorithm::AlgorithmKind;
 use compile::Builder;
@@ -120,13 +117,8 @@ impl Rules {
         self.domains.get(domain).map(|root| root.trace(entries))
     }
 
-    /// Whether `domain` has a config file.
-    pub fn has_domain(&self, domain: &str) -> bool {
-        self.domains.contains_key(domain)
-    }
-
     /// Number of rules: descriptors with a limit or `unlimited`.
-    pub fn rule_count(&self) -> usize {
+    pub(crate) fn rule_count(&self) -> usize {
         self.rules.len()
     }
 

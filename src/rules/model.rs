@@ -99,7 +99,7 @@ pub enum LeaseMode {
 }
 
 /// Default lifetime of a lease.
-pub const DEFAULT_LEASE_TTL_MICROS: u64 = 250_000;
+pub(crate) const DEFAULT_LEASE_TTL_MICROS: u64 = 250_000;
 
 /// How a limit is leased.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

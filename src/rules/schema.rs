@@ -21,7 +21,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use super::ConfigError;
 
 /// Largest rule file accepted, in bytes.
-pub const MAX_FILE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_FILE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Keys allowed anywhere in a file: the reference's whitelist plus Sluice's extensions.
 const VALID_KEYS: &[&str] = &[

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 /// `key` as the reference names its statistics: `:` and `|` become `_`, and so do the
 /// dots of every IPv4 address in it (`10.1.2.3` → `10_1_2_3`). Borrowed when nothing
 /// changes, as for nearly every key.
-pub fn stats_name(key: &str) -> Cow<'_, str> {
+pub(crate) fn stats_name(key: &str) -> Cow<'_, str> {
     let bytes = key.as_bytes();
     let mut out: Option<Vec<u8>> = None;
     let mut start = 0;

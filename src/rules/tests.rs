@@ -205,7 +205,7 @@ fn extension_errors_name_the_path() {
 #[test]
 fn depth_cap() {
     let mut text = String::from("domain: d\ndescriptors:\n");
-    for depth in 0..=MAX_DEPTH {
+    for depth in 0..=super::compile::MAX_DEPTH {
         let indent = "  ".repeat(2 * depth);
         text.push_str(&format!(
             "{indent}- key: k{depth}\n{indent}  descriptors:\n"
@@ -249,7 +249,6 @@ fn scalars_read_as_strings_and_metadata_is_free_form() {
         "domain: 7\ndescriptors:\n  - key: k\n    value: 123\n    metadata: {any_key: [1, 2.5]}\n    rate_limit: {unit: Second, requests_per_unit: 1}\n",
     )
     .unwrap();
-    assert!(rules.has_domain("7"));
     let Lookup::Matched(m) = rules.lookup("7", &entries(&[("k", "123")]), None) else {
         panic!("no match");
     };

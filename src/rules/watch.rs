@@ -29,20 +29,20 @@ use super::live::{LiveRules, ReloadOutcome};
 use super::ConfigError;
 
 /// How long the file watcher waits for events to settle before reloading.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
+pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// How often an unarmed watcher (config path missing, watch failed) tries again.
 const REARM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Hears the outcome of every load attempt.
-pub trait ReloadObserver: Send + Sync + 'static {
+pub(crate) trait ReloadObserver: Send + Sync + 'static {
     /// Called after each attempt, on an async worker; must not block.
     fn reloaded(&self, outcome: &ReloadOutcome);
 }
 
 /// Timing of the watcher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WatchOptions {
+pub(crate) struct WatchOptions {
     /// Quiet time after the last file event before reloading.
     pub debounce: Duration,
     /// Period of the content-hash rescan backstop.
@@ -59,7 +59,7 @@ impl Default for WatchOptions {
 }
 
 /// Reloads the live rules when their files change.
-pub struct Reloader {
+pub(crate) struct Reloader {
     /// The rules it reloads.
     rules: Arc<LiveRules>,
     /// Who hears about each load.
@@ -100,7 +100,7 @@ impl Reloader {
     }
 
     /// Loads the rules once (off the async workers) and reports the outcome.
-    pub async fn load_now(&self) {
+    pub(crate) async fn load_now(&self) {
         let rules = self.rules.clone();
         let outcome = match tokio::task::spawn_blocking(move || rules.reload()).await {
             Ok(outcome) => outcome,

@@ -71,7 +71,7 @@ impl<S: Store> ServiceBuilder<S> {
     }
 
     /// Records the debug reports (`/debug/shadow`, `/debug/hotkeys`) into `reports`.
-    pub fn debug_reports(mut self, reports: Option<Arc<DebugReports>>) -> Self {
+    pub(crate) fn debug_reports(mut self, reports: Option<Arc<DebugReports>>) -> Self {
         self.debug = reports;
         self
     }

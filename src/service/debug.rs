@@ -17,22 +17,22 @@ use crate::limiter::{CheckRequest, Verdict};
 use crate::store::CounterKey;
 
 /// Most shadow rules tracked; refusals of further rules are only counted.
-pub const MAX_SHADOW_RULES: usize = 256;
+pub(crate) const MAX_SHADOW_RULES: usize = 256;
 /// Keys kept per shadow rule.
-pub const SHADOW_KEYS_PER_RULE: usize = 20;
+pub(crate) const SHADOW_KEYS_PER_RULE: usize = 20;
 /// Hot keys kept.
-pub const HOT_KEYS: usize = 64;
+pub(crate) const HOT_KEYS: usize = 64;
 /// One descriptor in this many is counted for hot keys.
-pub const HOT_SAMPLE: u64 = 8;
+pub(crate) const HOT_SAMPLE: u64 = 8;
 /// Hot-key rates are measured over windows this long.
-pub const HOT_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const HOT_WINDOW: Duration = Duration::from_secs(10);
 /// Longest key label kept (descriptor values can be long).
 const MAX_LABEL: usize = 256;
 
 /// Why a refusal was only reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ShadowCause {
+pub(crate) enum ShadowCause {
     /// The rule has `shadow_mode: true`.
     Rule,
     /// Global `SHADOW_MODE` turned the answer into OK.
@@ -60,7 +60,7 @@ struct HotWindows {
 
 /// The debug reports, shared by the service (which records) and the admin port.
 #[derive(Debug)]
-pub struct DebugReports {
+pub(crate) struct DebugReports {
     /// Shadow rule → its top refused keys.
     shadow: Mutex<HashMap<Arc<str>, ShadowRule>>,
     /// Refusals of rules beyond [`MAX_SHADOW_RULES`].
@@ -90,7 +90,7 @@ impl DebugReports {
 
     /// Records one decided request: refusals that shadow mode let through, and a sample
     /// of keys for the hot-key report.
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         request: &CheckRequest<'_>,
         verdicts: &[Verdict<'_>],
@@ -144,7 +144,7 @@ impl DebugReports {
     }
 
     /// `/debug/shadow` as JSON: per shadow rule, its top refused keys.
-    pub fn shadow_json(&self) -> serde_json::Value {
+    pub(crate) fn shadow_json(&self) -> serde_json::Value {
         let shadow = lock(&self.shadow);
         let mut rules: Vec<_> = shadow.iter().collect();
         rules.sort_by(|a, b| b.1.keys.total().cmp(&a.1.keys.total()).then(a.0.cmp(b.0)));
@@ -169,7 +169,7 @@ impl DebugReports {
     }
 
     /// `/debug/hotkeys` as JSON: the top keys by estimated rate.
-    pub fn hotkeys_json(&self) -> serde_json::Value {
+    pub(crate) fn hotkeys_json(&self) -> serde_json::Value {
         let mut hot = lock(&self.hot);
         roll(&mut hot);
         let window = |entries: &[TopEntry], length: Duration| {

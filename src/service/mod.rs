@@ -7,7 +7,7 @@ pub mod debug;
 pub mod errors;
 pub mod request;
 pub mod response;
-pub mod sketch;
+pub(crate) mod sketch;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ pub use response::{HeaderMode, ResponseOptions};
 
 /// Share of the caller's deadline (`grpc-timeout`) that store calls may use; the rest
 /// is for the failure mode, the answer and the network back to the caller.
-pub const STORE_SHARE: f64 = 0.5;
+pub(crate) const STORE_SHARE: f64 = 0.5;
 
 /// Answers rate limit requests.
 pub struct Service<S> {
@@ -57,7 +57,7 @@ impl<S: Store> Service<S> {
     }
 
     /// The debug reports, when enabled.
-    pub fn debug_reports(&self) -> Option<&Arc<DebugReports>> {
+    pub(crate) fn debug_reports(&self) -> Option<&Arc<DebugReports>> {
         self.debug.as_ref()
     }
 
@@ -81,7 +81,7 @@ impl<S: Store> Service<S> {
 
     /// Decides one request whose caller waits at most `timeout` (its `grpc-timeout`):
     /// store calls get [`STORE_SHARE`] of it, so the failure mode still answers in time.
-    pub async fn should_rate_limit_within(
+    pub(crate) async fn should_rate_limit_within(
         &self,
         request: &RateLimitRequest,
         timeout: Option<Duration>,
@@ -141,7 +141,7 @@ impl<S: Store> Service<S> {
 }
 
 /// The gRPC face of a [`Service`].
-pub struct GrpcService<S>(pub Arc<Service<S>>);
+pub(crate) struct GrpcService<S>(pub Arc<Service<S>>);
 
 #[tonic::async_trait]
 impl<S: Store> RateLimitService for GrpcService<S> {

@@ -31,7 +31,7 @@ impl Default for RequestBounds {
 }
 
 /// Validates `request` against `bounds` and borrows it as a [`CheckRequest`].
-pub fn to_check_request<'a>(
+pub(crate) fn to_check_request<'a>(
     request: &'a RateLimitRequest,
     bounds: &RequestBounds,
 ) -> Result<CheckRequest<'a>, ServiceError> {

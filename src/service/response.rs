@@ -215,7 +215,7 @@ fn status_of(verdict: &Verdict<'_>) -> DescriptorStatus {
 }
 
 /// The wire unit of a rule unit.
-pub fn wire_unit(unit: Unit) -> WireUnit {
+pub(crate) fn wire_unit(unit: Unit) -> WireUnit {
     match unit {
         Unit::Second => WireUnit::Second,
         Unit::Minute => WireUnit::Minute,
@@ -429,7 +429,7 @@ fn merge_first_wins(dest: &mut Struct, source: Struct) {
 }
 
 /// A protobuf `Value` from JSON.
-pub fn json_to_value(json: &serde_json::Value) -> Value {
+pub(crate) fn json_to_value(json: &serde_json::Value) -> Value {
     let kind = match json {
         serde_json::Value::Null => Kind::NullValue(0),
         serde_json::Value::Bool(b) => Kind::BoolValue(*b),

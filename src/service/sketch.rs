@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 /// One tracked key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TopEntry {
+pub(crate) struct TopEntry {
     /// Human-readable key (domain and descriptor entries).
     pub label: String,
     /// Hits counted (an upper bound: true count ≥ `count - error`).
@@ -26,7 +26,7 @@ pub struct TopEntry {
 
 /// A bounded top-K table keyed by a 128-bit digest.
 #[derive(Debug)]
-pub struct TopK {
+pub(crate) struct TopK {
     /// Most keys held.
     capacity: usize,
     /// The tracked keys.
@@ -55,7 +55,13 @@ impl TopK {
     }
 
     /// Counts `hits` for key `id`; `label` is built only when the key enters the table.
-    pub fn record(&mut self, id: u128, hits: u64, now: SystemTime, label: impl FnOnce() -> String) {
+    pub(crate) fn record(
+        &mut self,
+        id: u128,
+        hits: u64,
+        now: SystemTime,
+        label: impl FnOnce() -> String,
+    ) {
         self.total = self.total.saturating_add(hits);
         if let Some(&slot) = self.slots.get(&id) {
             let entry = &mut self.entries[slot];
@@ -92,7 +98,7 @@ impl TopK {
     }
 
     /// The tracked keys, highest count first.
-    pub fn top(&self) -> Vec<TopEntry> {
+    pub(crate) fn top(&self) -> Vec<TopEntry> {
         let mut entries = self.entries.clone();
         entries.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.label.cmp(&b.label)));
         entries

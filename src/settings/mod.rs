@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use cli::{
     BenchMemoryArgs, BenchServerArgs, CheckArgs, Cli, Command, ExplainArgs, ServeArgs, TlsArgs,
 };
-pub use reference::parse_go_bool;
+pub(crate) use reference::parse_go_bool;
 
 use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;

@@ -4,10 +4,10 @@
 use super::{invalid, SettingsError};
 
 /// An environment lookup (`std::env::var` in production, a map in tests).
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// Reference variables accepted and ignored (no meaning for Sluice).
-pub const IGNORED: &[&str] = &[
+pub(crate) const IGNORED: &[&str] = &[
     "USE_STATSD",
     "STATSD_HOST",
     "STATSD_PORT",
@@ -46,7 +46,7 @@ pub const IGNORED: &[&str] = &[
 ];
 
 /// The ignored variables that `env` sets, in [`IGNORED`] order.
-pub fn ignored_set(env: Env<'_>) -> Vec<String> {
+pub(crate) fn ignored_set(env: Env<'_>) -> Vec<String> {
     IGNORED
         .iter()
         .filter(|name| env(name).is_some())
@@ -88,7 +88,7 @@ impl<'a> Reference<'a> {
 }
 
 /// Parses a boolean as Go's `strconv.ParseBool` does (the reference's env syntax).
-pub fn parse_go_bool(name: &str, value: &str) -> Result<bool, SettingsError> {
+pub(crate) fn parse_go_bool(name: &str, value: &str) -> Result<bool, SettingsError> {
     match value {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),

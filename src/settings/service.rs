@@ -10,7 +10,10 @@ use crate::service::{HeaderMode, ResponseOptions};
 use crate::telemetry::LogFormat;
 
 /// The log format and filter.
-pub fn logging(args: &ServeArgs, env: Reference<'_>) -> Result<(LogFormat, String), SettingsError> {
+pub(crate) fn logging(
+    args: &ServeArgs,
+    env: Reference<'_>,
+) -> Result<(LogFormat, String), SettingsError> {
     let format = match args.log_format {
         Some(format) => format,
         None => match env

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// A half-open probe that reported nothing after this long is given up; the next call
 /// becomes the probe.
-pub const PROBE_STALE: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_STALE: Duration = Duration::from_secs(1);
 
 /// When a breaker opens and how long it stays open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl Default for BreakerSettings {
 
 /// Where a breaker is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     /// Calls go through.
     Closed = 0,
     /// Calls are refused at once.
@@ -75,7 +75,7 @@ impl BreakerState {
 
 /// A change of state, for the caller to log and count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transition {
+pub(crate) struct Transition {
     /// State before.
     pub from: BreakerState,
     /// State after.
@@ -86,7 +86,7 @@ pub struct Transition {
 
 /// One circuit breaker (see the module documentation).
 #[derive(Debug)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     /// Thresholds and backoffs.
     settings: BreakerSettings,
     /// The state, readable without the lock (the closed fast path takes no lock).
@@ -112,7 +112,7 @@ struct Inner {
 
 /// A snapshot for `/status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BreakerView {
+pub(crate) struct BreakerView {
     /// State now.
     pub state: BreakerState,
     /// Consecutive failures counted.
@@ -173,7 +173,7 @@ impl Breaker {
     }
 
     /// Records the outcome of a store call made at or before `now`.
-    pub fn record(&self, ok: bool, now: Instant) -> Option<Transition> {
+    pub(crate) fn record(&self, ok: bool, now: Instant) -> Option<Transition> {
         let state = self.state();
         if ok {
             if state == BreakerState::Closed {

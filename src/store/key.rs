@@ -49,7 +49,7 @@ impl CounterKey {
 
     /// Key of the `index`-th limit of this descriptor (limits of one descriptor differ
     /// only here, so they share a Redis hash tag).
-    pub fn for_limit(self, index: usize) -> LimitKey {
+    pub(crate) fn for_limit(self, index: usize) -> LimitKey {
         LimitKey {
             counter: self,
             index: index as u32,
@@ -57,12 +57,12 @@ impl CounterKey {
     }
 
     /// Lower-case hex of the digest (the Redis hash tag).
-    pub fn hex(self) -> String {
+    pub(crate) fn hex(self) -> String {
         format!("{:032x}", self.0)
     }
 
     /// [`Self::hex`] without allocating.
-    pub fn hex_bytes(self) -> [u8; 32] {
+    pub(crate) fn hex_bytes(self) -> [u8; 32] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
         for (i, byte) in self.0.to_be_bytes().iter().enumerate() {
@@ -75,7 +75,7 @@ impl CounterKey {
 
 /// Key of one limit's state: the descriptor's counter key and the limit's position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LimitKey {
+pub(crate) struct LimitKey {
     /// The descriptor's counter key.
     pub counter: CounterKey,
     /// Position of the limit within the rule (0 for single-limit rules).

@@ -88,7 +88,7 @@ impl MemoryStore {
 
     /// Counts evictions in `counter` (the `sluice_memory_evictions_total` metric), as
     /// they happen.
-    pub fn counting_evictions_in(mut self, counter: Counter) -> Self {
+    pub(crate) fn counting_evictions_in(mut self, counter: Counter) -> Self {
         self.evictions = counter;
         self
     }
@@ -109,7 +109,7 @@ impl MemoryStore {
     }
 
     /// Drops every entry whose state is back to fresh. Called periodically by the server.
-    pub fn sweep_expired(&self) {
+    pub(crate) fn sweep_expired(&self) {
         let now = self.clock.now();
         for shard in self.shards.iter() {
             lock(shard).retain_live(now);

@@ -64,7 +64,7 @@ pub struct Job {
 
 /// A job's answer: its decisions vector (filled where its checks were decided) and
 /// the outcome: an error, or [`StoreError::Partly`] when only some checks failed.
-pub type JobAnswer = (Vec<Decision>, Result<(), StoreError>);
+pub(crate) type JobAnswer = (Vec<Decision>, Result<(), StoreError>);
 
 impl Job {
     /// Answers the job, if it is not answered yet.
@@ -92,7 +92,7 @@ impl Job {
 
 /// Hash slot of a check's keys (all limits of a descriptor share it); 0 where one node
 /// serves every slot (standalone, Sentinel), which spares the CRC.
-pub fn slot_of(nodes: &Nodes, check: &StoreCheck) -> u16 {
+pub(crate) fn slot_of(nodes: &Nodes, check: &StoreCheck) -> u16 {
     if nodes.clustered() {
         script::slot(check.key)
     } else {

@@ -38,9 +38,13 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
 }
 
+#[cfg(feature = "test-hooks")]
 /// Runs `calls` of the main script at once, each on the node of its slot and within the
 /// store's call deadline from now (see [`run_call`]).
-pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decision>, StoreError>> {
+pub(crate) async fn run_calls(
+    shared: &Shared,
+    calls: &[Call],
+) -> Vec<Result<Vec<Decision>, StoreError>> {
     let topology = shared.nodes.topology_now();
     let deadline = Instant::now() + shared.timeout;
     futures::future::join_all(
@@ -55,7 +59,7 @@ pub async fn run_calls(shared: &Shared, calls: &[Call]) -> Vec<Result<Vec<Decisi
 /// slot map, then sends each node a script call with no checks, which connects its
 /// client, loads the function library (or the script) and builds the Lua helpers. A
 /// node that misses `limit` is left as it is: its first call does the same.
-pub async fn warm_up(shared: &Shared, limit: Duration) {
+pub(crate) async fn warm_up(shared: &Shared, limit: Duration) {
     let deadline = Instant::now() + limit;
     shared.nodes.wait_known(limit).await;
     let topology = shared.nodes.topology_now();
@@ -74,7 +78,7 @@ pub async fn warm_up(shared: &Shared, limit: Duration) {
 }
 
 /// [`run_call`] of the main script: one decision per limit.
-pub async fn run_decisions(
+pub(crate) async fn run_decisions(
     shared: &Shared,
     node: Option<Arc<Node>>,
     call: &Call,
@@ -95,7 +99,7 @@ pub async fn run_decisions(
 /// it did not run, so nothing is charged twice; every step ends by `deadline`, and a
 /// call is redirected once at most. Feeds the node's breaker, and asks for a fresh slot
 /// map when the call fails.
-pub async fn run_call<T>(
+pub(crate) async fn run_call<T>(
     shared: &Shared,
     node: Option<Arc<Node>>,
     call: &Call,
@@ -209,7 +213,7 @@ async fn load(shared: &Shared, node: &Node, call: &Call) -> Result<(), Failure> 
 
 /// The error of a call whose slot no known node serves (a cluster's slot map not read
 /// yet, or a slot left without a primary).
-pub fn unrouted(slot: u16) -> StoreError {
+pub(crate) fn unrouted(slot: u16) -> StoreError {
     StoreError::Unavailable(format!(
         "no redis node serves slot {slot} (slot map not known yet)"
     ))

@@ -28,7 +28,7 @@ use fred::types::Value;
 use super::script::{self, Entry};
 
 /// The library's code and the names its entry points are called by.
-pub struct Library {
+pub(crate) struct Library {
     /// What `FUNCTION LOAD` is sent.
     pub code: Value,
     /// The function that decides checks (`scripts/main.lua`).
@@ -38,7 +38,7 @@ pub struct Library {
 }
 
 /// The library, built on first use.
-pub static LIBRARY: LazyLock<Library> = LazyLock::new(Library::build);
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(Library::build);
 
 impl Library {
     fn build() -> Self {
@@ -124,7 +124,7 @@ impl NodeLua {
 
     /// Sends `node` `EVALSHA` from now on: it refused functions with `reason` (a warning
     /// the first time, debug after).
-    pub fn fall_back(&self, node: &str, reason: &str) {
+    pub(crate) fn fall_back(&self, node: &str, reason: &str) {
         if self.evalsha.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -200,7 +200,7 @@ impl Scripting {
 
 /// Whether an error reply to `FCALL` or `FUNCTION LOAD` says the node takes no functions
 /// from us at all (an unknown command, or an ACL that denies it), rather than this call.
-pub fn refuses_functions(details: &str) -> bool {
+pub(crate) fn refuses_functions(details: &str) -> bool {
     let denied = details.starts_with("NOPERM")
         && (details.contains("'fcall'") || details.contains("'function"));
     denied
@@ -210,19 +210,19 @@ pub fn refuses_functions(details: &str) -> bool {
 
 /// Whether an error reply to `FUNCTION LOAD` says the library cannot be loaded there: a
 /// refusal, or Redis not taking its code (`ERR Error registering functions`, ...).
-pub fn refuses_library(details: &str) -> bool {
+pub(crate) fn refuses_library(details: &str) -> bool {
     refuses_functions(details) || details.starts_with("ERR Error")
 }
 
 /// Whether an error reply to `FUNCTION LOAD` says the library is loaded already (by
 /// another lane or instance: its name is its code's digest, so it is the same code).
-pub fn already_loaded(details: &str) -> bool {
+pub(crate) fn already_loaded(details: &str) -> bool {
     details.starts_with("ERR Library") && details.contains("already exists")
 }
 
 /// Whether an error reply to `FCALL` says the node has no such function (a restart
 /// without persistence, a new primary, `FUNCTION FLUSH`): load the library, call again.
-pub fn is_function_missing(details: &str) -> bool {
+pub(crate) fn is_function_missing(details: &str) -> bool {
     details.starts_with("ERR Function not found")
 }
 

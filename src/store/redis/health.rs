@@ -80,7 +80,7 @@ impl Health {
     }
 
     /// Records the outcome of one script call on `node`.
-    pub fn record(&self, node: &Arc<str>, outcome: Result<(), &StoreError>) {
+    pub(crate) fn record(&self, node: &Arc<str>, outcome: Result<(), &StoreError>) {
         let now = Instant::now();
         if let Some(transition) =
             self.with_breaker(node, |breaker| breaker.record(outcome.is_ok(), now))

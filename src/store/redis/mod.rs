@@ -25,18 +25,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fred::prelude::Client;
 use tokio::sync::{mpsc, oneshot};
 
 pub use client::{mask_url, RedisMode, RedisOptions};
 pub use tls::{RedisTls, RedisTlsError};
 
-use crate::algorithm::{Decision, Micros};
+use crate::algorithm::Decision;
 use crate::lanes;
 use crate::store::breaker::BreakerSettings;
-use crate::store::{
-    CounterKey, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
-};
+use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus};
 use crate::telemetry::Metrics;
 use batcher::Job;
 use call::Shared;
@@ -77,7 +74,7 @@ impl RedisStore {
     /// lane, made on the lane's runtime (`lanes[i]` is lane `i`'s, see
     /// [`crate::listener::lanes`]). The circuit breakers stay shared: every lane's
     /// outcomes count for a node.
-    pub fn with_lanes(
+    pub(crate) fn with_lanes(
         options: &RedisOptions,
         metrics: Arc<Metrics>,
         lanes: &[tokio::runtime::Handle],
@@ -110,9 +107,10 @@ impl RedisStore {
             .unwrap_or(&self.main)
     }
 
+    #[cfg(feature = "test-hooks")]
     /// The client of the node that holds `key`'s counters, if that node is known (tests
     /// read keys and `MEMORY USAGE` through it).
-    pub fn client_for(&self, key: CounterKey) -> Option<Client> {
+    pub fn client_for(&self, key: crate::store::CounterKey) -> Option<fred::prelude::Client> {
         let slot = script::slot(key);
         self.main
             .shared
@@ -142,12 +140,13 @@ impl RedisStore {
     /// it, the first burst of requests waits on connections and `FUNCTION LOAD` behind
     /// the first call, passes the store deadline, opens the breaker, and takes the
     /// failure mode (admitted past the limit under `open`).
-    pub async fn warm_up(&self, limit: Duration) {
+    pub(crate) async fn warm_up(&self, limit: Duration) {
         let backends = std::iter::once(&self.main).chain(&self.lanes);
         futures::future::join_all(backends.map(|backend| call::warm_up(&backend.shared, limit)))
             .await;
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Decides `checks` in one script call at an injected time `now` instead of Redis
     /// `TIME`, bypassing the batcher. For tests that compare the script with the Rust
     /// algorithms on the same clock; production calls never inject time.
@@ -155,7 +154,7 @@ impl RedisStore {
         &self,
         checks: &[StoreCheck],
         commit: bool,
-        now: Micros,
+        now: crate::algorithm::Micros,
         decisions: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let shared = &self.main.shared;
@@ -169,11 +168,12 @@ impl RedisStore {
         Ok(())
     }
 
+    #[cfg(feature = "test-hooks")]
     /// A lease call at an injected time `now` instead of Redis `TIME` (tests only).
     pub async fn lease_at(
         &self,
         request: &LeaseRequest,
-        now: Micros,
+        now: crate::algorithm::Micros,
     ) -> Result<LeaseGrant, StoreError> {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;

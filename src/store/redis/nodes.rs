@@ -29,10 +29,10 @@ use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
 /// Longest age of a cluster's slot map when nothing fails.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 /// Shortest time between two refreshes of the slot map.
-pub const REFRESH_GAP: Duration = Duration::from_millis(25);
+pub(crate) const REFRESH_GAP: Duration = Duration::from_millis(25);
 
 /// Deadline of one `CLUSTER SLOTS` question, connection included.
 const ASK_TIMEOUT: Duration = Duration::from_millis(500);
@@ -164,18 +164,18 @@ impl Nodes {
     }
 
     /// The current topology.
-    pub fn topology(&self) -> Guard<Arc<Topology>> {
+    pub(crate) fn topology(&self) -> Guard<Arc<Topology>> {
         self.topology.load()
     }
 
     /// The current topology, to hold across awaits.
-    pub fn topology_now(&self) -> Arc<Topology> {
+    pub(crate) fn topology_now(&self) -> Arc<Topology> {
         self.topology.load_full()
     }
 
     /// Waits, at most `limit`, until a cluster's first slot map is read (calls made at
     /// startup wait for it as they would for a connection, instead of failing at once).
-    pub async fn wait_known(&self, limit: Duration) {
+    pub(crate) async fn wait_known(&self, limit: Duration) {
         if *self.known.borrow() {
             return;
         }
@@ -215,7 +215,7 @@ impl Nodes {
     /// node to send it to, with `ASKING`. The slot map is unchanged; a `server` not
     /// known yet gets a client, kept with the others until the next refresh. `None` for
     /// a single node, or when no client can be made.
-    pub fn migrating_to(&self, server: Server) -> Option<Arc<Node>> {
+    pub(crate) fn migrating_to(&self, server: Server) -> Option<Arc<Node>> {
         self.wake.as_ref()?;
         let name = server.to_string();
         if let Some(node) = self.topology().node(&name) {
@@ -243,7 +243,7 @@ impl Nodes {
     }
 
     /// A call failed or was redirected: the slot map may be stale, refresh it soon.
-    pub fn suspect(&self) {
+    pub(crate) fn suspect(&self) {
         if let Some(wake) = &self.wake {
             wake.notify_one();
         }
@@ -255,7 +255,7 @@ impl Nodes {
     }
 
     /// How many of the nodes are connected: all (and every slot has one), some, or none.
-    pub fn connectivity(&self) -> Connectivity {
+    pub(crate) fn connectivity(&self) -> Connectivity {
         let topology = self.topology();
         let up = topology
             .nodes

@@ -41,10 +41,10 @@ pub const ALGORITHMS: &str = algorithms!();
 
 /// The main entry point's working tables and their helpers, made before the entry
 /// point: kept from call to call in the function library.
-pub const CHECK_STATE: &str = include_str!("scripts/check_state.lua");
+pub(crate) const CHECK_STATE: &str = include_str!("scripts/check_state.lua");
 
 /// The main entry point: decides a batch of checks.
-pub const ENTRY: &str = include_str!("scripts/main.lua");
+pub(crate) const ENTRY: &str = include_str!("scripts/main.lua");
 
 /// The whole script, as loaded with `SCRIPT LOAD`.
 pub const SCRIPT: &str = concat!(
@@ -54,17 +54,18 @@ pub const SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`SCRIPT`], the name `EVALSHA` runs it by.
-pub static SHA: LazyLock<Value> = LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
+pub(crate) static SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(SCRIPT)));
 
 /// The lease entry point (`scripts/lease.lua`).
-pub const LEASE_ENTRY: &str = include_str!("scripts/lease.lua");
+pub(crate) const LEASE_ENTRY: &str = include_str!("scripts/lease.lua");
 
 /// The whole lease script, as loaded with `SCRIPT LOAD`: the helpers and algorithms
 /// joined with the lease entry point instead of `main.lua`.
-pub const LEASE_SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/lease.lua"));
+pub(crate) const LEASE_SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/lease.lua"));
 
 /// SHA-1 of [`LEASE_SCRIPT`], the name `EVALSHA` runs it by.
-pub static LEASE_SHA: LazyLock<Value> =
+pub(crate) static LEASE_SHA: LazyLock<Value> =
     LazyLock::new(|| Value::from(fred::util::sha1_hash(LEASE_SCRIPT)));
 
 /// Which entry point a call runs: the main one or the lease's.
@@ -86,7 +87,7 @@ impl Entry {
     }
 
     /// The SHA-1 of [`Entry::script`], for `EVALSHA`.
-    pub fn sha(self) -> &'static Value {
+    pub(crate) fn sha(self) -> &'static Value {
         match self {
             Entry::Check => &SHA,
             Entry::Lease => &LEASE_SHA,

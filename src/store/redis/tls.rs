@@ -56,7 +56,7 @@ pub enum RedisTlsError {
 
 impl RedisTls {
     /// Whether any TLS option differs from the defaults.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.ca.is_some()
             || self.cert.is_some()
             || self.key.is_some()
@@ -66,7 +66,7 @@ impl RedisTls {
     /// The rustls client configuration for these settings. The CA bundle and the client
     /// certificate are read again at the first handshake after their files change
     /// (rotation without a restart, see [`crate::reloading`]).
-    pub fn client_config(&self) -> Result<ClientConfig, RedisTlsError> {
+    pub(crate) fn client_config(&self) -> Result<ClientConfig, RedisTlsError> {
         let provider = Arc::new(ring::default_provider());
         let verifier = ReloadingVerifier::load(self.clone(), provider.clone())?;
         let builder = ClientConfig::builder_with_provider(provider.clone())

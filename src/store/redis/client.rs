@@ -9,6 +9,7 @@
 //! waits for Redis, and calls made while it is down fail with a timeout.
 
 use std::collections::HashMap;
+use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,9 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::prelude::{
     Builder, Client, ClientLike, Config, EventInterface, ReconnectPolicy, Server, ServerConfig,
 };
-use fred::types::config::{TlsConfig, TlsConnector};
+use fred::types::config::{ClusterDiscoveryPolicy, TlsConfig, TlsConnector};
+use percent_encoding::percent_decode_str;
+use url::{Host, Url};
 
 use super::tls::RedisTls;
 use crate::store::StoreError;
@@ -128,75 +131,286 @@ pub fn seeds(config: &Config) -> Vec<Server> {
 
 /// fred configuration for `options`.
 pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
-    let bad = |reason: String| StoreError::Protocol(format!("redis url: {reason}"));
+    let bad = |reason: &str| StoreError::Protocol(format!("redis url: {reason}"));
     if let Some(url) = unix_socket_url(&options.url) {
         return unix_config(&url, options);
     }
-    let scheme = if options.tls { "rediss" } else { "redis" };
-    let items: Vec<String> = options
+    let items: Vec<&str> = options
         .url
         .split(',')
         .map(str::trim)
         .filter(|item| !item.is_empty())
-        .map(|item| {
-            if item.contains("://") {
-                item.to_owned()
-            } else {
-                format!("{scheme}://{item}")
-            }
-        })
         .collect();
-    // fred would build its own TLS settings from a TLS scheme (system roots only, no
-    // client certificate): hand it plain schemes and set ours below.
-    let uses_tls = items.iter().any(|item| is_tls_url(item));
-    let items: Vec<String> = items.iter().map(|item| plain_scheme(item)).collect();
-    let first = items
-        .first()
-        .ok_or_else(|| bad("empty --redis-url".into()))?;
-    let mut config = match options.mode {
-        RedisMode::Standalone => Config::from_url_centralized(first),
-        RedisMode::Cluster => Config::from_url_clustered(first),
-        RedisMode::Sentinel if first.contains("sentinelServiceName") => {
-            Config::from_url_sentinel(first)
-        }
-        RedisMode::Sentinel => {
-            // The reference's form: `service,host:port,host:port`.
-            let service = options.url.split(',').next().unwrap_or_default().trim();
-            let hosts = items[1..]
-                .iter()
-                .map(|item| parse_host(item))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut config = Config::from_url_centralized(items.get(1).unwrap_or(first))
-                .map_err(|e| bad(e.details().to_owned()))?;
-            config.server = ServerConfig::Sentinel {
-                hosts,
-                service_name: service.to_owned(),
-            };
-            Ok(config)
-        }
-    }
-    .map_err(|e| bad(e.details().to_owned()))?;
-    if options.mode == RedisMode::Cluster {
-        if let ServerConfig::Clustered { hosts, .. } = &mut config.server {
-            for item in &items[1..] {
-                hosts.push(parse_host(item)?);
+    // The reference's Sentinel form, `service,host:port,host:port`, names no scheme first.
+    let (service_name, items) = match items.split_first() {
+        Some((name, hosts)) if options.mode == RedisMode::Sentinel && !name.contains("://") => {
+            if name.contains(':') || hosts.is_empty() {
+                return Err(bad(&format!(
+                    "Sentinel takes redis-sentinel://host:26379?sentinelServiceName=NAME \
+                     or NAME,host:26379,..., not `{}`",
+                    mask_url(&options.url)
+                )));
             }
+            (Some((*name).to_owned()), hosts)
         }
-    }
-    if uses_tls {
-        // fred's default trusts the system roots only and offers no client certificate.
+        _ => (None, items.as_slice()),
+    };
+    let (scheme, default_port) = match (options.tls, options.mode) {
+        (true, RedisMode::Sentinel) => ("rediss", 26379),
+        (false, RedisMode::Sentinel) => ("redis", 26379),
+        (true, _) => ("rediss", 6379),
+        (false, _) => ("redis", 6379),
+    };
+    // Positions count from 1, and the Sentinel service name is item 1 when given.
+    let first_position = 1 + usize::from(service_name.is_some());
+    let endpoints = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| Endpoint::parse(item, first_position + index, scheme, default_port))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::Protocol(e.to_string()))?;
+    let Some(first) = endpoints.first() else {
+        return Err(bad("empty --redis-url"));
+    };
+    // Every host the URL names: each item's, then its `?node=` ones.
+    let hosts = || -> Vec<Server> {
+        endpoints
+            .iter()
+            .flat_map(|e| std::iter::once(e.server()).chain(e.nodes.iter().cloned()))
+            .collect()
+    };
+    let (server, database) = match options.mode {
+        RedisMode::Standalone if endpoints.len() > 1 => {
+            return Err(bad(&format!(
+                "--store redis takes one URL; a comma-separated list is for redis-cluster \
+                 or redis-sentinel: `{}`",
+                mask_url(&options.url)
+            )))
+        }
+        RedisMode::Standalone => (
+            ServerConfig::Centralized {
+                server: first.server(),
+            },
+            first.database,
+        ),
+        // A cluster has database 0 only.
+        RedisMode::Cluster => (
+            ServerConfig::Clustered {
+                hosts: hosts(),
+                policy: ClusterDiscoveryPolicy::default(),
+            },
+            None,
+        ),
+        RedisMode::Sentinel => {
+            let Some(service_name) = service_name.or_else(|| first.service_name.clone()) else {
+                return Err(bad(&format!(
+                    "a Sentinel URL needs ?sentinelServiceName=NAME: `{}`",
+                    mask_url(&options.url)
+                )));
+            };
+            (
+                ServerConfig::Sentinel {
+                    hosts: hosts(),
+                    service_name,
+                },
+                first.database,
+            )
+        }
+    };
+    let mut config = Config {
+        server,
+        username: first.username.clone(),
+        password: first.password.clone(),
+        database,
+        ..Config::default()
+    };
+    if endpoints.iter().any(|e| e.tls) {
+        // fred's own TLS settings would trust the system roots only, with no client
+        // certificate: ours carry --redis-ca and the client certificate.
         let tls = options
             .tls_files
             .client_config()
             .map_err(|e| StoreError::Protocol(format!("redis tls: {e}")))?;
         config.tls = Some(TlsConfig::from(TlsConnector::from(tls)));
     } else if options.tls_files.is_set() {
-        return Err(bad(
-            "TLS options need a rediss:// URL (or REDIS_TLS=true)".into()
-        ));
+        return Err(bad("TLS options need a rediss:// URL (or REDIS_TLS=true)"));
     }
     apply_auth(&mut config, options);
     Ok(config)
+}
+
+/// A `--redis-url` item that cannot be used: which, credentials masked, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("redis url item {position} `{item}`: {problem}")]
+pub struct UrlError {
+    /// Its place in the comma-separated list, from 1.
+    position: usize,
+    /// The item as [`mask_url`] shows it.
+    item: String,
+    /// What is wrong with it.
+    problem: UrlProblem,
+}
+
+/// What is wrong with a `--redis-url` item.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum UrlProblem {
+    /// Not a URL at all (the item is not shown: it may hold a password anywhere).
+    #[error("not a URL ({0})")]
+    Syntax(#[from] url::ParseError),
+    /// A scheme other than Redis's or Valkey's.
+    #[error(
+        "scheme `{0}`: use redis:// or rediss:// (TLS), valkey:// or valkeys://, \
+         optionally with -cluster or -sentinel"
+    )]
+    Scheme(String),
+    /// No host between `//` and the port, path or query.
+    #[error("no host")]
+    NoHost,
+    /// A host that is neither an IP address nor a host name.
+    #[error("host `{0}` is neither an IP address nor a host name")]
+    Host(String),
+    /// A path other than `/` and `/N` with N from 0 to 255.
+    #[error("database `{0}`: want /0 to /255")]
+    Database(String),
+    /// The user name or password, percent-decoded, is not UTF-8.
+    #[error("the {0} is not UTF-8 once percent-decoded")]
+    NotUtf8(&'static str),
+}
+
+/// One TCP item of `--redis-url`, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Endpoint {
+    /// `rediss://` or `valkeys://` (or a bare item under `--redis-tls`).
+    tls: bool,
+    /// An IP address (IPv6 without its brackets, as Redis itself writes node addresses
+    /// and as a TLS server name reads) or a host name.
+    host: String,
+    /// The item's port, or the mode's default.
+    port: u16,
+    /// Percent-decoded user name.
+    username: Option<String>,
+    /// Percent-decoded password.
+    password: Option<String>,
+    /// `/N`: the database to select.
+    database: Option<u8>,
+    /// `?sentinelServiceName=`.
+    service_name: Option<String>,
+    /// `?node=host:port`: more cluster seeds or sentinels.
+    nodes: Vec<Server>,
+}
+
+impl Endpoint {
+    /// Parses `item`, at `position` in the list; a bare `host:port` gets `scheme`, a
+    /// missing port `default_port`.
+    fn parse(
+        item: &str,
+        position: usize,
+        scheme: &str,
+        default_port: u16,
+    ) -> Result<Self, UrlError> {
+        let (url, _) = parse_item(item, scheme).map_err(|problem| UrlError {
+            position,
+            item: "*****".into(),
+            problem,
+        })?;
+        Self::from_url(&url, default_port).map_err(|problem| UrlError {
+            position,
+            item: masked(url),
+            problem,
+        })
+    }
+
+    /// The parts of a parsed item.
+    fn from_url(url: &Url, default_port: u16) -> Result<Self, UrlProblem> {
+        let base = url
+            .scheme()
+            .strip_suffix("-cluster")
+            .or_else(|| url.scheme().strip_suffix("-sentinel"))
+            .unwrap_or(url.scheme());
+        let tls = match base {
+            "redis" | "valkey" => false,
+            "rediss" | "valkeys" => true,
+            _ => return Err(UrlProblem::Scheme(url.scheme().to_owned())),
+        };
+        let (host, port) = host_port(url, default_port)?;
+        let database = match url.path().trim_start_matches('/') {
+            "" => None,
+            db => Some(
+                db.parse()
+                    .map_err(|_| UrlProblem::Database(db.to_owned()))?,
+            ),
+        };
+        let mut service_name = None;
+        let mut nodes = Vec::new();
+        // Other parameters are ignored, as fred ignores them.
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "sentinelServiceName" => service_name = Some(value.into_owned()),
+                "node" => {
+                    let (node, _) = parse_item(&value, "redis")?;
+                    let (host, port) = host_port(&node, default_port)?;
+                    nodes.push(Server::new(host, port));
+                }
+                _ => {}
+            }
+        }
+        Ok(Self {
+            tls,
+            host,
+            port,
+            username: decoded(url.username(), "user name")?,
+            password: decoded(url.password().unwrap_or_default(), "password")?,
+            database,
+            service_name,
+            nodes,
+        })
+    }
+
+    /// The host and port, for fred.
+    fn server(&self) -> Server {
+        Server::new(self.host.as_str(), self.port)
+    }
+}
+
+/// `item` parsed as a URL, with `scheme://` put in front of a bare `host:port` (whether
+/// it was is the second value).
+fn parse_item(item: &str, scheme: &str) -> Result<(Url, bool), UrlProblem> {
+    let item = item.trim();
+    if item.contains("://") {
+        Ok((Url::parse(item)?, false))
+    } else {
+        Ok((Url::parse(&format!("{scheme}://{item}"))?, true))
+    }
+}
+
+/// The host fred connects to and the port (`default_port` when the URL names none).
+fn host_port(url: &Url, default_port: u16) -> Result<(String, u16), UrlProblem> {
+    let host = match url.host() {
+        None => return Err(UrlProblem::NoHost),
+        Some(Host::Ipv4(ip)) => ip.to_string(),
+        Some(Host::Ipv6(ip)) => ip.to_string(),
+        // Hosts of non-special schemes such as redis:// are opaque to the url crate:
+        // IPv4 addresses come as names.
+        Some(Host::Domain(name)) if name.parse::<Ipv4Addr>().is_ok() => name.to_owned(),
+        Some(Host::Domain("")) => return Err(UrlProblem::NoHost),
+        Some(Host::Domain(name)) => {
+            let label = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
+            let dotted_number = name.chars().all(|c| c.is_ascii_digit() || c == '.');
+            if dotted_number || !name.chars().all(|c| label(c) || c == '.') {
+                return Err(UrlProblem::Host(name.to_owned()));
+            }
+            name.to_owned()
+        }
+    };
+    Ok((host, url.port().unwrap_or(default_port)))
+}
+
+/// A percent-encoded URL part, decoded; `None` when empty.
+fn decoded(part: &str, what: &'static str) -> Result<Option<String>, UrlProblem> {
+    let part = percent_decode_str(part)
+        .decode_utf8()
+        .map_err(|_| UrlProblem::NotUtf8(what))?;
+    Ok((!part.is_empty()).then(|| part.into_owned()))
 }
 
 /// fred's URL for the Unix domain socket `url` names, if it names one:
@@ -205,17 +419,24 @@ pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
 pub fn unix_socket_url(url: &str) -> Option<String> {
     let url = url.trim();
     if url.starts_with('/') {
-        Some(format!("redis+unix://{url}"))
-    } else if let Some(rest) = url.strip_prefix("unix://") {
-        Some(format!("redis+unix://{rest}"))
-    } else if url.starts_with("redis+unix://") || url.starts_with("valkey+unix://") {
-        Some(url.to_owned())
-    } else {
-        None
+        let mut socket = Url::parse("redis+unix://").ok()?;
+        // A bare path is a path, not URL text: a `%` in it is itself.
+        socket.set_path(&url.replace('%', "%25"));
+        return Some(socket.into());
+    }
+    let mut socket = Url::parse(url).ok()?;
+    match socket.scheme() {
+        "redis+unix" | "valkey+unix" => Some(socket.into()),
+        "unix" => {
+            socket.set_scheme("redis+unix").ok()?;
+            Some(socket.into())
+        }
+        _ => None,
     }
 }
 
-/// fred configuration for one Redis server behind the Unix socket of `url`.
+/// fred configuration for one Redis server behind the Unix socket `url` (from
+/// [`unix_socket_url`]).
 fn unix_config(url: &str, options: &RedisOptions) -> Result<Config, StoreError> {
     let bad = |reason: &str| StoreError::Protocol(format!("redis url: {reason}"));
     if options.mode != RedisMode::Standalone {
@@ -226,7 +447,32 @@ fn unix_config(url: &str, options: &RedisOptions) -> Result<Config, StoreError> 
     if options.tls || options.tls_files.is_set() {
         return Err(bad("TLS does not run over a Unix socket"));
     }
-    let mut config = Config::from_url_unix(url).map_err(|e| bad(e.details()))?;
+    let socket = |url: &Url| -> Result<Config, UrlProblem> {
+        let path = percent_decode_str(url.path())
+            .decode_utf8()
+            .map_err(|_| UrlProblem::NotUtf8("socket path"))?;
+        Ok(Config {
+            server: ServerConfig::Unix {
+                path: path.as_ref().into(),
+            },
+            username: decoded(url.username(), "user name")?,
+            password: decoded(url.password().unwrap_or_default(), "password")?,
+            ..Config::default()
+        })
+    };
+    let error = |item, problem| {
+        let position = 1;
+        StoreError::Protocol(
+            UrlError {
+                position,
+                item,
+                problem,
+            }
+            .to_string(),
+        )
+    };
+    let url = Url::parse(url).map_err(|e| error("*****".into(), e.into()))?;
+    let mut config = socket(&url).map_err(|problem| error(masked(url), problem))?;
     apply_auth(&mut config, options);
     Ok(config)
 }
@@ -244,34 +490,6 @@ fn apply_auth(config: &mut Config, options: &RedisOptions) {
             }
         }
     }
-}
-
-/// Whether a URL item asks for TLS (`rediss://`, `rediss-cluster://`, `valkeys://`...).
-fn is_tls_url(item: &str) -> bool {
-    item.starts_with("rediss") || item.starts_with("valkeys")
-}
-
-/// A URL item with its TLS scheme replaced by the plain one.
-fn plain_scheme(item: &str) -> String {
-    if let Some(rest) = item.strip_prefix("rediss") {
-        format!("redis{rest}")
-    } else if let Some(rest) = item.strip_prefix("valkeys") {
-        format!("valkey{rest}")
-    } else {
-        item.to_owned()
-    }
-}
-
-/// `host:port` of a URL item.
-fn parse_host(item: &str) -> Result<Server, StoreError> {
-    let rest = item.split_once("://").map_or(item, |(_, rest)| rest);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
-    let rest = rest.split(['/', '?']).next().unwrap_or_default();
-    let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "6379"));
-    let port = port
-        .parse()
-        .map_err(|_| StoreError::Protocol(format!("redis url: bad port in {}", mask_url(item))))?;
-    Ok(Server::new(host, port))
 }
 
 /// Classes a fred error; `timeout` is the deadline that applied.
@@ -356,15 +574,24 @@ pub fn redirect_of(error: &FredError) -> Option<Redirect> {
 }
 
 /// A URL (or comma-separated URLs) with credentials replaced by `*****`:
-/// `redis://foo:bar@redis:6379` → `redis://*****@redis:6379`.
+/// `redis://foo:bar@redis:6379` → `redis://*****@redis:6379`. An item that is not a URL
+/// is `*****` as a whole: where its password is cannot be told.
 pub fn mask_url(url: &str) -> String {
     url.split(',')
-        .map(|item| match item.rsplit_once('@') {
-            Some((before, after)) => {
-                let scheme_end = before.find("://").map_or(0, |i| i + 3);
-                format!("{}*****@{after}", &before[..scheme_end])
+        .map(|item| {
+            let item = item.trim();
+            if item.is_empty() || item.starts_with('/') {
+                // Nothing, or a socket's path: no credentials.
+                return item.to_owned();
             }
-            None => item.to_owned(),
+            match parse_item(item, "redis") {
+                Ok((url, false)) => masked(url),
+                Ok((url, true)) => masked(url)
+                    .strip_prefix("redis://")
+                    .map(str::to_owned)
+                    .unwrap_or_default(),
+                Err(_) => "*****".to_owned(),
+            }
         })
         .collect::<Vec<_>>()
         .join(",")
@@ -401,6 +628,16 @@ pub fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Me
     });
 }
 
+/// `url` with its user name and password replaced by `*****`.
+fn masked(mut url: Url) -> String {
+    if !url.username().is_empty() || url.password().is_some() {
+        // Only a URL without a host refuses credentials, and that one has none.
+        let _ = url.set_username("*****");
+        let _ = url.set_password(None);
+    }
+    url.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +654,194 @@ mod tests {
         );
         assert_eq!(mask_url("secret@host:1"), "*****@host:1");
         assert_eq!(mask_url("redis://host:1/0"), "redis://host:1/0");
+        assert_eq!(mask_url("redis://u:p@ss@[::1]:1"), "redis://*****@[::1]:1");
+        assert_eq!(
+            mask_url("mymaster, redis://:pw@s1:26379"),
+            "mymaster,redis://*****@s1:26379"
+        );
+        assert_eq!(
+            mask_url("redis+unix://u:pw@x/run/r.sock"),
+            "redis+unix://*****@x/run/r.sock"
+        );
+        assert_eq!(mask_url("/run/r.sock"), "/run/r.sock");
+    }
+
+    #[test]
+    fn never_shows_the_password_of_a_bad_url() {
+        for url in [
+            "redis://user:hunter2",
+            "redis://user:hunter2@[::1:6379",
+            "hunter2@host:port",
+            "redis://a:1,redis://u:hunter2@:6379",
+        ] {
+            let masked = mask_url(url);
+            assert!(!masked.contains("hunter2"), "{url} -> {masked}");
+            let error = refusal(RedisMode::Cluster, url);
+            assert!(error.contains("not a URL"), "{url}: {error}");
+            assert!(!error.contains("hunter2"), "{url}: {error}");
+        }
+        // A URL that parses but is wrong is shown, masked.
+        let error = refusal(RedisMode::Standalone, "redis://u:hunter2@h:1/x");
+        assert_eq!(
+            error,
+            "store protocol error: redis url item 1 `redis://*****@h:1/x`: \
+             database `x`: want /0 to /255"
+        );
+    }
+
+    /// Why `config` refuses `url` in `mode` (empty if it does not).
+    fn refusal(mode: RedisMode, url: &str) -> String {
+        config(&options(mode, url))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Options for `url` in `mode`, nothing else set.
+    fn options(mode: RedisMode, url: &str) -> RedisOptions {
+        RedisOptions {
+            mode,
+            url: url.into(),
+            auth: None,
+            tls: false,
+            tls_files: RedisTls::default(),
+            timeout: Duration::from_millis(20),
+            batch_window: Duration::ZERO,
+            batch_max: 128,
+            queue: 1024,
+        }
+    }
+
+    /// The one server of a standalone configuration.
+    fn server_of(config: &Config) -> (String, u16) {
+        match &config.server {
+            ServerConfig::Centralized { server } => (server.host.to_string(), server.port),
+            other => panic!("not standalone: {other:?}"),
+        }
+    }
+
+    /// The hosts of a cluster or Sentinel configuration, as `host:port`.
+    fn hosts_of(config: &Config) -> Vec<String> {
+        match &config.server {
+            ServerConfig::Clustered { hosts, .. } | ServerConfig::Sentinel { hosts, .. } => hosts
+                .iter()
+                .map(|s| format!("{}:{}", s.host, s.port))
+                .collect(),
+            other => panic!("no host list: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hosts_ports_credentials_and_databases() {
+        let standalone = |url: &str| config(&options(RedisMode::Standalone, url)).expect(url);
+        let cases = [
+            ("redis://10.0.0.1:6380", "10.0.0.1", 6380),
+            ("10.0.0.1", "10.0.0.1", 6379),
+            // IPv6 without brackets: what the resolver parses and a TLS name reads.
+            ("redis://[::1]:6380", "::1", 6380),
+            ("[::1]", "::1", 6379),
+            ("rediss://[2001:db8::7]:6390/2", "2001:db8::7", 6390),
+            (
+                "redis://redis-0.redis.svc.cluster.local",
+                "redis-0.redis.svc.cluster.local",
+                6379,
+            ),
+            ("my_redis:7000", "my_redis", 7000),
+            ("valkey://cache:6379/", "cache", 6379),
+        ];
+        for (url, host, port) in cases {
+            assert_eq!(
+                server_of(&standalone(url)),
+                (host.to_owned(), port),
+                "{url}"
+            );
+        }
+        for (url, user, password) in [
+            ("redis://u:p@ss@h:1", Some("u"), "p@ss"),
+            ("redis://u:pa:ss@h:1", Some("u"), "pa:ss"),
+            ("redis://u:p%40ss@h:1", Some("u"), "p@ss"),
+            ("redis://:p%3Ass@h:1", None, "p:ss"),
+            ("redis://d%C3%A9v:%F0%9F%94%91@h", Some("dév"), "🔑"),
+        ] {
+            let config = standalone(url);
+            assert_eq!(config.username.as_deref(), user, "{url}");
+            assert_eq!(config.password.as_deref(), Some(password), "{url}");
+            assert_eq!(server_of(&config).0, "h", "{url}");
+        }
+        assert_eq!(standalone("redis://h:1/7").database, Some(7));
+        assert_eq!(standalone("redis://h:1").database, None);
+        assert_eq!(standalone("redis://h:1/").database, None);
+    }
+
+    #[test]
+    fn bad_urls_are_named_with_the_reason() {
+        for (url, reason) in [
+            ("http://h:1", "scheme `http`"),
+            ("redis://", "no host"),
+            ("redis://:6379", "not a URL (empty host)"),
+            ("redis://u:p@:6379", "not a URL (empty host)"),
+            ("redis://h:99999", "not a URL (invalid port number)"),
+            ("redis://[::1:6379", "not a URL (invalid IPv6 address)"),
+            ("redis://h:1/256", "database `256`"),
+            ("redis://h:1/0/1", "database `0/1`"),
+            ("redis://a%20b:1", "host `a%20b`"),
+            ("redis://1.2.3.999:1", "host `1.2.3.999`"),
+            ("redis://u:%FF@h", "password is not UTF-8"),
+            (
+                "redis://h:1,h2:2",
+                "a comma-separated list is for redis-cluster",
+            ),
+            ("", "empty --redis-url"),
+        ] {
+            let error = refusal(RedisMode::Standalone, url);
+            assert!(error.contains(reason), "{url}: {error}");
+        }
+    }
+
+    #[test]
+    fn cluster_seeds_in_comma_lists_and_node_parameters() {
+        let cluster = |url: &str| config(&options(RedisMode::Cluster, url)).expect(url);
+        assert_eq!(
+            hosts_of(&cluster(" redis://a:7000 , b:7001,, [::1]:7002 ,c")),
+            ["a:7000", "b:7001", "::1:7002", "c:6379"]
+        );
+        let config = cluster("redis-cluster://u:pw@a:7000?node=b:7001&node=[::1]:7002");
+        assert_eq!(hosts_of(&config), ["a:7000", "b:7001", "::1:7002"]);
+        assert_eq!(config.password.as_deref(), Some("pw"));
+        // A cluster has database 0 only: a path is not selected (as before).
+        assert_eq!(cluster("redis://a:7000/3").database, None);
+    }
+
+    #[test]
+    fn sentinel_forms_of_the_readme() {
+        let sentinel = |url: &str| config(&options(RedisMode::Sentinel, url)).expect(url);
+        let service = |config: &Config| match &config.server {
+            ServerConfig::Sentinel { service_name, .. } => service_name.clone(),
+            other => panic!("not sentinel: {other:?}"),
+        };
+        // fred's form: the service in the query, 26379 by default.
+        let config = sentinel("redis-sentinel://:pw@s1?sentinelServiceName=mymaster&node=s2:26380");
+        assert_eq!(service(&config), "mymaster");
+        assert_eq!(hosts_of(&config), ["s1:26379", "s2:26380"]);
+        assert_eq!(config.password.as_deref(), Some("pw"));
+        let config = sentinel("redis://s1:26379/2?sentinelServiceName=m");
+        assert_eq!(
+            (service(&config), config.database),
+            ("m".to_owned(), Some(2))
+        );
+        // The reference's form: the service, then the sentinels.
+        let config = sentinel("mymaster, s1:26379, redis://:pw@[::1]:26380/1");
+        assert_eq!(service(&config), "mymaster");
+        assert_eq!(hosts_of(&config), ["s1:26379", "::1:26380"]);
+        for url in ["redis://s1:26379", "mymaster", "s1:26379,s2:26379"] {
+            let error = refusal(RedisMode::Sentinel, url);
+            assert!(error.contains("sentinelServiceName"), "{url}: {error}");
+        }
+        let error = refusal(RedisMode::Sentinel, "m, s1:1, redis://s2:1/x");
+        assert!(
+            error.contains("item 3 `redis://s2:1/x`: database"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -457,15 +882,8 @@ mod tests {
     #[test]
     fn unix_sockets_are_named_by_path_or_scheme() {
         let options = |mode, url: &str| RedisOptions {
-            mode,
-            url: url.into(),
             auth: Some("pw".into()),
-            tls: false,
-            tls_files: RedisTls::default(),
-            timeout: Duration::from_millis(20),
-            batch_window: Duration::ZERO,
-            batch_max: 128,
-            queue: 1024,
+            ..options(mode, url)
         };
         for url in [
             "/run/redis/redis.sock",
@@ -480,6 +898,22 @@ mod tests {
             assert_eq!(path.to_str(), Some("/run/redis/redis.sock"), "{url}");
             assert_eq!(config.password.as_deref(), Some("pw"), "{url}");
         }
+        let credentials = config(&options(
+            RedisMode::Standalone,
+            "redis+unix://u:p%40ss@localhost/run/my%20redis.sock",
+        ))
+        .expect("credentials in a socket URL");
+        assert!(matches!(
+            &credentials.server,
+            ServerConfig::Unix { path } if path.to_str() == Some("/run/my redis.sock")
+        ));
+        assert_eq!(credentials.username.as_deref(), Some("u"));
+        assert_eq!(credentials.password.as_deref(), Some("p@ss"));
+        let bare = config(&options(RedisMode::Standalone, "/run/100%25 redis?.sock"));
+        assert!(matches!(
+            &bare.expect("a bare path").server,
+            ServerConfig::Unix { path } if path.to_str() == Some("/run/100%25 redis?.sock")
+        ));
         assert_eq!(unix_socket_url("redis://a:6379"), None);
         assert_eq!(unix_socket_url("a:6379"), None);
         for (mode, url) in [

@@ -101,12 +101,17 @@ impl Ticker {
                 it_value: period,
             },
         )?;
-        // `AsyncFd::new` is deprecated because an `AsRawFd` may hand out an fd it does not
-        // own; an `OwnedFd` owns its fd for as long as the `AsyncFd` holds it, which is
-        // what the unsafe `register` asks its caller to promise (this crate forbids
-        // unsafe code).
-        #[allow(deprecated)]
-        let timer = AsyncFd::new(timer)?;
+        // The crate's one unsafe block, in the load generator only: tokio 1.53.3
+        // deprecated the safe `AsyncFd::new` (an `AsRawFd` may hand out an fd it does not
+        // own) for the unsafe `register`. tokio::time cannot stand in: its wheel counts
+        // milliseconds, five of the pacer's ticks; a timer thread would wake this one
+        // from another thread on every tick, the cost the timerfd removed.
+        #[allow(unsafe_code)]
+        // SAFETY: `register` needs the fd to stay open, refer to the same file description
+        // and be what `as_raw_fd` returns for as long as the `AsyncFd` holds it. An
+        // `OwnedFd` owns its fd, closes it only when dropped (which the `AsyncFd` does
+        // last) and always returns that same fd.
+        let timer = unsafe { AsyncFd::register(timer) }?;
         Ok(Self { timer })
     }
 

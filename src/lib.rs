@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod algorithm;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod clock;
 pub mod codec;

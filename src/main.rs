@@ -29,6 +29,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 sluice::commands::explain(&args, &mut std::io::stdout(), &mut std::io::stderr())?;
             Ok(exit_code(ok))
         }
+        #[cfg(feature = "bench")]
         Command::Bench(args) => {
             let report = sluice::bench::run(&args)?;
             if args.json {
@@ -38,6 +39,7 @@ fn main() -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "bench")]
         Command::BenchServer(args) => runtime(args.workers)?.block_on(async {
             let listener = tokio::net::TcpListener::bind(args.grpc_addr)
                 .await
@@ -46,6 +48,7 @@ fn main() -> anyhow::Result<ExitCode> {
             sluice::bench::ceiling::serve(listener, args.workers, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }),
+        #[cfg(feature = "bench")]
         Command::BenchMemory(args) => {
             let report =
                 sluice::bench::memory::measure(args.keys).context("reading /proc/self/status")?;

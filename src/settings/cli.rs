@@ -31,12 +31,15 @@ pub enum Command {
     /// Show which rule each descriptor matches and why, without touching any counter.
     Explain(ExplainArgs),
     /// Load-test any RLS server: req/s, latency percentiles, OK/OVER_LIMIT/error counts.
+    #[cfg(feature = "bench")]
     Bench(Box<crate::bench::BenchArgs>),
     /// Bench only: serve a constant OK over Sluice's gRPC stack (the throughput ceiling).
     #[command(hide = true)]
+    #[cfg(feature = "bench")]
     BenchServer(BenchServerArgs),
     /// Bench only: memory store bytes per token-bucket key (RSS growth ÷ keys).
     #[command(hide = true)]
+    #[cfg(feature = "bench")]
     BenchMemory(BenchMemoryArgs),
 }
 
@@ -65,6 +68,7 @@ pub struct ExplainArgs {
 }
 
 /// Flags of `sluice bench-server`.
+#[cfg(feature = "bench")]
 #[derive(Debug, Args)]
 pub struct BenchServerArgs {
     /// gRPC listener.
@@ -76,6 +80,7 @@ pub struct BenchServerArgs {
 }
 
 /// Flags of `sluice bench-memory`.
+#[cfg(feature = "bench")]
 #[derive(Debug, Args)]
 pub struct BenchMemoryArgs {
     /// Token-bucket keys to insert.

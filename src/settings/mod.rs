@@ -17,9 +17,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use cli::{
-    BenchMemoryArgs, BenchServerArgs, CheckArgs, Cli, Command, ExplainArgs, ServeArgs, TlsArgs,
-};
+#[cfg(feature = "bench")]
+pub use cli::{BenchMemoryArgs, BenchServerArgs};
+pub use cli::{CheckArgs, Cli, Command, ExplainArgs, ServeArgs, TlsArgs};
 pub(crate) use reference::parse_go_bool;
 
 use crate::limiter::LimiterSettings;

@@ -10,6 +10,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
+# Not built, but Cargo.toml's [[test]] and [[bench]] targets without a `path` must exist
+# for the manifest to parse.
+COPY tests ./tests
+COPY benches ./benches
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin sluice \

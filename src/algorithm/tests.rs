@@ -1,5 +1,5 @@
 //! Known sequences for each algorithm and the dispatch enum; the invariants are property
-//! tested in `tests/algorithm_props.rs`.
+//! tested in `tests/properties/algorithm_props.rs`.
 
 use super::*;
 

@@ -71,7 +71,7 @@ pub async fn run(
 
 /// [`run`] with `clock` for the stores and the limiter (tests drive time with a manual
 /// one; Redis keeps its own clock, `TIME`).
-pub(crate) async fn run_with_clock(
+pub async fn run_with_clock(
     listeners: Listeners,
     settings: Settings,
     clock: Arc<dyn Clock>,

@@ -62,6 +62,29 @@ async fn start() -> TestServer {
     .await
 }
 
+/// A clock stopped one second into a minute (1 800 000 000 s is a whole number of
+/// minutes): the calls of a test on it fall in one minute's window without waiting for
+/// the wall clock to be early in one, and time passes when the test says so.
+fn early_in_a_minute() -> std::sync::Arc<sluice::clock::ManualClock> {
+    std::sync::Arc::new(sluice::clock::ManualClock::new(1_800_000_001_000_000))
+}
+
+/// [`start`] on `clock`.
+async fn start_on(clock: std::sync::Arc<sluice::clock::ManualClock>) -> TestServer {
+    TestServer::start_with_clock(
+        &[("rules.yaml".into(), RULES.into())],
+        &[],
+        &["--response-headers", "all"],
+        clock,
+    )
+    .await
+}
+
+/// [`start`] on [`early_in_a_minute`].
+async fn start_early_in_a_minute() -> TestServer {
+    start_on(early_in_a_minute()).await
+}
+
 async fn call(
     server: &TestServer,
     request: RateLimitRequest,
@@ -103,7 +126,8 @@ const OVER: i32 = Code::OverLimit as i32;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_bucket_burst_then_refill() {
-    let server = start().await;
+    let clock = early_in_a_minute();
+    let server = start_on(clock.clone()).await;
     let responses = sequence(&server, "bucket", 6).await;
     assert_eq!(codes(&responses), vec![OK, OK, OK, OK, OK, OVER]);
     let refused = &responses[5];
@@ -116,18 +140,19 @@ async fn token_bucket_burst_then_refill() {
     assert_eq!(header(&responses[0], "RateLimit-Limit"), Some("5"));
     assert!(header(refused, "RateLimit").is_some_and(|v| v.starts_with("\"api.bucket\";r=0;t=")));
     assert_eq!(header(&responses[0], "RateLimit-Remaining"), Some("4"));
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    clock.advance(1_050_000);
     assert_eq!(codes(&sequence(&server, "bucket", 2).await), vec![OK, OVER]);
     server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gcra_spaces_requests_after_the_burst() {
-    let server = start().await;
+    let clock = early_in_a_minute();
+    let server = start_on(clock.clone()).await;
     let responses = sequence(&server, "gcra", 4).await;
     assert_eq!(codes(&responses), vec![OK, OK, OK, OVER]);
     assert_eq!(header(&responses[3], "Retry-After"), Some("1"));
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    clock.advance(1_050_000);
     assert_eq!(codes(&sequence(&server, "gcra", 2).await), vec![OK, OVER]);
     server.stop().await;
 }
@@ -159,12 +184,13 @@ async fn window_algorithms_refuse_the_fourth_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_are_all_or_nothing() {
-    let server = start().await;
+    let clock = early_in_a_minute();
+    let server = start_on(clock.clone()).await;
     // token bucket 2 burst, and 3 per day: the bucket refuses the third call without
     // charging the daily limit; the daily limit then refuses the fourth passing call.
     let first = sequence(&server, "multi", 3).await;
     assert_eq!(codes(&first), vec![OK, OK, OVER]);
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    clock.advance(1_100_000);
     let second = sequence(&server, "multi", 2).await;
     assert_eq!(codes(&second), vec![OK, OVER]);
     let limit = second[1].statuses[0]
@@ -433,9 +459,8 @@ fn overridden(requests_per_unit: u32, unit: RateLimitUnit) -> RateLimitRequest {
 /// other; an override with the rule's unit shares its counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_of_another_unit_counts_apart() {
-    let server = start().await;
     // Every call in one minute's window.
-    support::early_in_minute(Duration::from_secs(3)).await;
+    let server = start_early_in_a_minute().await;
     let rule = || request(&[("fixed", "override-user")]);
     let remaining = |response: &RateLimitResponse| response.statuses[0].limit_remaining;
     for expected in [2, 1] {
@@ -480,9 +505,8 @@ async fn an_override_of_another_unit_counts_apart() {
 /// their order: a client that waits it is not refused by another descriptor at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_the_longest_wait_of_the_refusing_descriptors() {
-    let server = start().await;
-    // The fixed window's wait (to the minute's end) is then over 5 s, gcra's 1 s.
-    support::early_in_minute(Duration::from_secs(10)).await;
+    // The fixed window's wait (to the minute's end) is then 59 s, gcra's 1 s.
+    let server = start_early_in_a_minute().await;
     for (user, order) in [("wait-1", ["fixed", "gcra"]), ("wait-2", ["gcra", "fixed"])] {
         let both = || RateLimitRequest {
             descriptors: order.iter().map(|key| descriptor(&[(key, user)])).collect(),
@@ -513,13 +537,13 @@ async fn retry_after_is_the_longest_wait_of_the_refusing_descriptors() {
 /// as in the reference: the request is OK while one quota group is not over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_quota_mode_counts_an_unlimited_descriptor_as_a_group_that_passed() {
-    let server = TestServer::start(
+    let server = TestServer::start_with_clock(
         &[("rules.yaml".into(), RULES.into())],
         &[("QUOTA_MODE".into(), "true".into())],
         &[],
+        early_in_a_minute(),
     )
     .await;
-    support::early_in_minute(Duration::from_secs(5)).await;
     let limited = || request(&[("fixed", "quota-user")]);
     let with_unmatched = || RateLimitRequest {
         descriptors: vec![

@@ -68,6 +68,17 @@ impl TestServer {
         env: &[(String, String)],
         flags: &[&str],
     ) -> Self {
+        Self::start_with_clock(files, env, flags, sluice::clock::SystemClock::shared()).await
+    }
+
+    /// [`TestServer::start`] on `clock` (a [`sluice::clock::ManualClock`] lets a test
+    /// choose where in a window its calls fall instead of waiting for the wall clock).
+    pub async fn start_with_clock(
+        files: &[(String, String)],
+        env: &[(String, String)],
+        flags: &[&str],
+        clock: std::sync::Arc<dyn sluice::clock::Clock>,
+    ) -> Self {
         let config_dir = tempfile::tempdir().expect("temp dir");
         for (name, text) in files {
             write_file(config_dir.path(), name, text);
@@ -89,12 +100,13 @@ impl TestServer {
         let grpc = grpc_listener.local_addr().expect("addr");
         let http = http_listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run(
+        let task = tokio::spawn(server::run_with_clock(
             Listeners {
                 grpc: grpc_listener,
                 http: http_listener,
             },
             settings,
+            clock,
             async move {
                 let _ = stopped.await;
             },

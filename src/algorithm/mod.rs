@@ -65,7 +65,7 @@ pub enum AlgorithmKind {
 
 impl AlgorithmKind {
     /// The name used in rule files (`algorithm: token_bucket`).
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::FixedWindow => "fixed_window",
             Self::SlidingWindow => "sliding_window",

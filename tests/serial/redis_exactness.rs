@@ -25,6 +25,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use sluice::algorithm::AlgorithmKind;
 use sluice::proto::common::rate_limit_descriptor::Entry;
 use sluice::proto::common::RateLimitDescriptor;
 use sluice::proto::rls::rate_limit_response::Code;
@@ -35,13 +36,16 @@ use support::process::SluiceProcess;
 use support::redis::{RedisCluster, RedisServer};
 use tonic::transport::Channel;
 
-const ALGORITHMS: [&str; 5] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-];
+/// Every algorithm's rule-file name.
+const ALGORITHMS: [&str; 5] = {
+    let mut names = [""; 5];
+    let mut i = 0;
+    while i < AlgorithmKind::ALL.len() {
+        names[i] = AlgorithmKind::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 const UNITS: [&str; 2] = ["minute", "day"];
 const CALLS: usize = 5_000;
 const LIMIT: u64 = 1_000;

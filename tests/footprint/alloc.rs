@@ -53,15 +53,24 @@ fn allocations_per_request_are_bounded() {
             .expect("decided");
     }
 
+    // The allocator counts the whole process, so a background thread (the rules
+    // watcher, the test harness) can add a stray allocation to a batch. A request's own
+    // allocations are in every batch: the quietest batch is the request's cost.
     const ROUNDS: u64 = 1000;
-    let region = Region::new(GLOBAL);
-    for _ in 0..ROUNDS {
-        let response = runtime
-            .block_on(service.should_rate_limit(&hot))
-            .expect("decided");
-        std::hint::black_box(response);
-    }
-    let hot_stats = region.change();
+    const BATCHES: usize = 5;
+    let hot_stats = (0..BATCHES)
+        .map(|_| {
+            let region = Region::new(GLOBAL);
+            for _ in 0..ROUNDS {
+                let response = runtime
+                    .block_on(service.should_rate_limit(&hot))
+                    .expect("decided");
+                std::hint::black_box(response);
+            }
+            region.change()
+        })
+        .min_by_key(|stats| stats.allocations)
+        .expect("batches");
     let hot_per_request = hot_stats.allocations as f64 / ROUNDS as f64;
 
     let region = Region::new(GLOBAL);

@@ -18,6 +18,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )],
             &[std::path::Path::new("proto"), include.as_path()],
         )?;
+    // The xDS config source: the aggregated discovery service (client for `serve`,
+    // server for the tests' management server) and the rate limit config resource,
+    // with tonic's own protobuf codec.
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(
+            &[
+                std::path::Path::new("proto/envoy/service/discovery/v3/discovery.proto"),
+                std::path::Path::new("proto/ratelimit/config/ratelimit/v3/rls_conf.proto"),
+            ],
+            &[std::path::Path::new("proto"), include.as_path()],
+        )?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -16,7 +16,7 @@ const TOP_LEVEL: &[&[&str]] = &[
     &["settings"],
     &["bench"],
     &["admin", "listener"],
-    &["lifecycle", "service"],
+    &["lifecycle", "service", "xds"],
     &["limiter"],
     &["store"],
     &["lanes", "rules", "telemetry", "clock"],

@@ -25,6 +25,7 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod xds;
 
 #[cfg(test)]
 mod layering;

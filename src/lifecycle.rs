@@ -37,6 +37,11 @@ impl Lifecycle {
         });
     }
 
+    /// Whether to receive traffic now.
+    pub(crate) fn is_serving(&self) -> bool {
+        *self.serving.borrow()
+    }
+
     /// Follows readiness changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.serving.subscribe()

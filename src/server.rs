@@ -21,11 +21,12 @@ use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
 use crate::service::debug::DebugReports;
 use crate::service::{GrpcService, Service};
-use crate::settings::{Settings, StoreKind};
+use crate::settings::{ConfigSource, Settings, StoreKind};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{mask_url, RedisStore};
 use crate::store::Store;
 use crate::telemetry::{Metrics, ResultLabel};
+use crate::xds::{XdsClient, XdsState};
 
 /// gRPC health service name the reference registers.
 pub(crate) const HEALTH_SERVICE_NAME: &str = "ratelimit";
@@ -156,22 +157,34 @@ async fn serve<S: Store>(
     let (health, health_service) = tonic_health::server::health_reporter();
 
     let health_task = tokio::spawn(mirror_health(lifecycle.subscribe(), health.clone()));
-    let reloader = Reloader::new(
-        rules.clone(),
-        Arc::new(ReloadReporter {
-            rules: rules.clone(),
-            metrics: metrics.clone(),
-            lifecycle: lifecycle.clone(),
-        }),
-        WatchOptions {
-            rescan_interval: settings.reload_interval,
-            ..WatchOptions::default()
-        },
-    );
-    reloader.load_now().await;
-
     let (stop_tx, stop_rx) = watch::channel(false);
-    let reloader = tokio::spawn(reloader.run(stop_rx.clone()));
+    let force_start = matches!(&settings.config_source, ConfigSource::Xds(xds) if xds.force_start);
+    let reporter = Arc::new(ReloadReporter {
+        rules: rules.clone(),
+        metrics: metrics.clone(),
+        lifecycle: lifecycle.clone(),
+        ready_without_rules: force_start,
+    });
+    lifecycle.set_rules_loaded(force_start);
+    let (rule_source, xds_state) = match &settings.config_source {
+        ConfigSource::Files => {
+            let reloader = Reloader::new(
+                rules.clone(),
+                reporter,
+                WatchOptions {
+                    rescan_interval: settings.reload_interval,
+                    ..WatchOptions::default()
+                },
+            );
+            reloader.load_now().await;
+            (tokio::spawn(reloader.run(stop_rx.clone())), None)
+        }
+        ConfigSource::Xds(xds) => {
+            let state = XdsState::new(&xds.server, &metrics);
+            let client = XdsClient::new((**xds).clone(), rules.clone(), reporter, state.clone());
+            (tokio::spawn(client.run(stop_rx.clone())), Some(state))
+        }
+    };
     // Leases whose time is up give their unused units back to the other instances.
     let lease_returns = tokio::spawn({
         let service = service.clone();
@@ -212,10 +225,18 @@ async fn serve<S: Store>(
         metrics: metrics.clone(),
         lifecycle: lifecycle.clone(),
         debug_endpoints: settings.debug_endpoints,
+        xds: xds_state,
     });
     let http = axum::serve(listeners.http, admin::router(admin_state))
         .with_graceful_shutdown(listener::stopped(stop_rx.clone()));
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, config = %settings.config.display(), "sluice serving");
+    match &settings.config_source {
+        ConfigSource::Files => {
+            tracing::info!(grpc = %grpc_addr, http = %http_addr, config = %settings.config.display(), "sluice serving");
+        }
+        ConfigSource::Xds(xds) => {
+            tracing::info!(grpc = %grpc_addr, http = %http_addr, xds = %xds.server, "sluice serving");
+        }
+    }
 
     let drain_delay = settings.drain_delay;
     let drain_timeout = settings.drain_timeout;
@@ -250,7 +271,7 @@ async fn serve<S: Store>(
             Ok(())
         }
     };
-    reloader.abort();
+    rule_source.abort();
     health_task.abort();
     lease_returns.abort();
     // Bounded: a store that is down must not hold the exit up.
@@ -273,6 +294,8 @@ struct ReloadReporter {
     metrics: Arc<Metrics>,
     /// Readiness follows "rules loaded".
     lifecycle: Arc<Lifecycle>,
+    /// Ready before any rules load (xDS with `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    ready_without_rules: bool,
 }
 
 impl ReloadObserver for ReloadReporter {
@@ -317,7 +340,7 @@ impl ReloadObserver for ReloadReporter {
             }
         }
         self.lifecycle
-            .set_rules_loaded(self.rules.current().is_some());
+            .set_rules_loaded(self.ready_without_rules || self.rules.current().is_some());
     }
 }
 

@@ -102,7 +102,7 @@ pub struct StateLabel {
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// `success` or `error`.
+    /// `success` or `error` (rule loads), `ack` or `nack` (xDS responses).
     pub result: &'static str,
 }
 
@@ -147,6 +147,10 @@ pub struct Metrics {
     pub breaker_state: Family<NodeLabel, Gauge>,
     /// Circuit breaker transitions by the state entered.
     pub breaker_transitions: Family<StateLabel, Counter>,
+    /// Whether the xDS stream to the management server is open (1) or not (0).
+    pub xds_connected: Gauge,
+    /// xDS responses received, by what was answered: `ack` (loaded) or `nack`.
+    pub xds_responses: Family<ResultLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
     /// Each (domain, rule label) pair's counters, resolved once: the request path then
@@ -401,9 +405,23 @@ impl Metrics {
             "Store circuit breaker transitions by the state entered",
             breaker_transitions.clone(),
         );
+        let xds_connected = Gauge::default();
+        registry.register(
+            "xds_connected",
+            "Whether the xDS stream to the management server is open",
+            xds_connected.clone(),
+        );
+        let xds_responses = Family::default();
+        registry.register(
+            "xds_responses",
+            "xDS responses received, by answer: ack (rules loaded) or nack (rejected)",
+            xds_responses.clone(),
+        );
         Self {
             breaker_state,
             breaker_transitions,
+            xds_connected,
+            xds_responses,
             registry,
             batch_size,
             store_durations,

@@ -18,6 +18,7 @@ use crate::proto::rls::rate_limit_response::Code;
 use crate::service::Service;
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use crate::xds::XdsState;
 
 /// What the admin handlers read.
 pub struct AdminState<S> {
@@ -29,6 +30,8 @@ pub struct AdminState<S> {
     pub lifecycle: Arc<Lifecycle>,
     /// Serve `POST /explain` (it reveals descriptor values).
     pub debug_endpoints: bool,
+    /// The xDS client's state, when rules come over xDS.
+    pub(crate) xds: Option<Arc<XdsState>>,
 }
 
 /// The admin router.
@@ -53,7 +56,7 @@ pub fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
 /// Whether the service should receive traffic: rules loaded and not draining. Store
 /// health is deliberately not part of it (per-rule failure modes handle an outage).
 fn ready<S: Store>(state: &AdminState<S>) -> bool {
-    state.service.rules().current().is_some() && !state.lifecycle.is_draining()
+    state.lifecycle.is_serving()
 }
 
 /// The reference's health check: 200 `OK`, or 500 when not serving.
@@ -93,7 +96,8 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
         "draining": state.lifecycle.is_draining(),
         "uptime_seconds": state.lifecycle.uptime().as_secs(),
         "rules": {
-            "path": rules.path().display().to_string(),
+            "source": if state.xds.is_some() { "xds" } else { "file" },
+            "path": state.xds.is_none().then(|| rules.path().display().to_string()),
             "loaded": current.is_some(),
             "version": current.as_ref().map(|set| set.version),
             "hash": current.as_ref().map(|set| set.hash.clone()),
@@ -107,6 +111,11 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             "error": report.errors.first().map(|e| e.message.clone()),
             "errors": report.errors,
         },
+        "xds": state.xds.as_ref().map(|xds| {
+            let mut status = serde_json::json!(xds.status());
+            status["server"] = xds.server().into();
+            status
+        }),
         "store": {
             "kind": store.kind(),
             // Reported, never part of readiness: failure modes handle an outage.

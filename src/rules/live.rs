@@ -114,7 +114,18 @@ impl LiveRules {
     /// off the async workers). New content that compiles replaces the active set; any
     /// error keeps it. Unchanged content is neither compiled nor reported again.
     pub fn reload(&self) -> ReloadOutcome {
-        let read = read_config_path(&self.path).map(|files| {
+        self.take(read_config_path(&self.path))
+    }
+
+    /// Validates and compiles rule files received rather than read (xDS resources),
+    /// as [`LiveRules::reload`] does files: they are the whole rule set.
+    pub(crate) fn apply(&self, files: Vec<ConfigFile>) -> ReloadOutcome {
+        self.take(Ok(files))
+    }
+
+    /// Loads what was read (or the error of reading it).
+    fn take(&self, read: Result<Vec<ConfigFile>, ConfigError>) -> ReloadOutcome {
+        let read = read.map(|files| {
             let hash = content_hash(&files);
             (files, hash)
         });

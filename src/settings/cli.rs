@@ -109,6 +109,15 @@ pub struct ServeArgs {
     /// Rules file or directory [default: config/, or RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY].
     #[arg(long, env = "SLUICE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Where rules come from: files at --config, or an xDS management server [default: file, or xds with CONFIG_TYPE=GRPC_XDS_SOTW].
+    #[arg(long, env = "SLUICE_CONFIG_SOURCE", value_enum)]
+    pub config_source: Option<ConfigSourceKind>,
+    /// xDS management server, `host:port` [default: localhost:18000, or CONFIG_GRPC_XDS_SERVER_URL].
+    #[arg(long, env = "SLUICE_XDS_SERVER")]
+    pub xds_server: Option<String>,
+    /// Node id given to the xDS server [default: default, or CONFIG_GRPC_XDS_NODE_ID].
+    #[arg(long, env = "SLUICE_XDS_NODE_ID")]
+    pub xds_node_id: Option<String>,
     /// gRPC listener (RLS and health) [default: 0.0.0.0:8081, or GRPC_HOST:GRPC_PORT].
     #[arg(long, env = "SLUICE_GRPC_ADDR")]
     pub grpc_addr: Option<SocketAddr>,
@@ -223,6 +232,15 @@ pub struct ServeArgs {
     /// gRPC TLS and mTLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+}
+
+/// Where `serve` gets its rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConfigSourceKind {
+    /// Rule files, watched for changes.
+    File,
+    /// Pushed by an xDS management server (aggregated discovery, state of the world).
+    Xds,
 }
 
 /// gRPC TLS flags of `sluice serve`.

@@ -11,6 +11,7 @@ pub mod redis;
 pub mod reference;
 mod service;
 mod tls;
+mod xds;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -19,8 +20,9 @@ use std::time::Duration;
 
 #[cfg(feature = "bench")]
 pub use cli::{BenchMemoryArgs, BenchServerArgs};
-pub use cli::{CheckArgs, Cli, Command, ExplainArgs, ServeArgs, TlsArgs};
+pub use cli::{CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, ServeArgs, TlsArgs};
 pub(crate) use reference::parse_go_bool;
+pub use xds::ConfigSource;
 
 use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;
@@ -48,6 +50,8 @@ pub enum StoreKind {
 pub struct Settings {
     /// Rules file or directory.
     pub config: PathBuf,
+    /// Where rules come from: the files at `config`, or xDS.
+    pub config_source: ConfigSource,
     /// gRPC listener address.
     pub grpc_addr: SocketAddr,
     /// Admin listener address.
@@ -132,6 +136,7 @@ impl Settings {
         let (store, redis) = redis::store(args, reference)?;
         Ok(Self {
             config: listener::config_path(args, reference),
+            config_source: xds::config_source(args, reference)?,
             grpc_addr,
             http_addr,
             store,

@@ -12,3 +12,4 @@ mod otlp;
 mod reload;
 mod service;
 mod tls;
+mod xds;

@@ -9,6 +9,7 @@ pub mod fuzz;
 pub mod pki;
 pub mod process;
 pub mod redis;
+pub mod xds;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

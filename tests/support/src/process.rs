@@ -22,12 +22,29 @@ impl SluiceProcess {
     /// every log line is echoed to stderr after `sluice: `, and a line that is not JSON
     /// fails the test.
     pub fn serve(config: &Path, extra: &[&str]) -> (Self, String, String) {
-        let mut child = Command::new(crate::sluice_bin())
+        Self::serve_with_env(config, extra, &[])
+    }
+
+    /// [`Self::serve`] with `env` added to its environment.
+    pub fn serve_with_env(
+        config: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Self, String, String) {
+        let mut command = Command::new(crate::sluice_bin());
+        command
             .args(["serve", "--config"])
             .arg(config)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--log-format", "json"])
             .args(extra)
+            .envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
+    /// Runs `command` (a `sluice` that logs JSON) and waits for its addresses.
+    pub fn spawn(mut command: Command) -> (Self, String, String) {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -7,3 +7,4 @@ mod helm;
 mod http2_limits;
 mod istio;
 mod tls_envoy;
+mod xds_envoy;

@@ -1,7 +1,8 @@
 //! Rules over xDS: a real `sluice serve` process subscribed to a real management server
 //! (the test's, over mutual TLS): pushes change the answers within a second, an
 //! unchanged rule keeps its counter, an invalid push is NACKed and the old rules keep
-//! serving, a killed server is reconnected to, and readiness before the first push
+//! serving, a killed server is reconnected to (with a rotated client certificate),
+//! and readiness before the first push
 //! follows `FORCE_START_WITHOUT_INITIAL_CONFIG`.
 
 use std::path::PathBuf;
@@ -342,7 +343,18 @@ async fn a_killed_server_is_reconnected_to_and_the_rules_keep_serving_meanwhile(
     assert!(ready(&http).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let server = XdsServer::restart_on(addr, Some(&pki.server));
+    // The client certificate is rotated meanwhile, to one of a CA the restarted server
+    // alone trusts: the reconnection proves the new files are used.
+    let rotated_ca = Ca::new("rotated xds test ca");
+    rotated_ca
+        .client(&["sluice"])
+        .write(pki.dir.path(), "client");
+    let rotated = ServerTls {
+        cert_pem: pki.server.cert_pem.clone(),
+        key_pem: pki.server.key_pem.clone(),
+        client_ca_pem: rotated_ca.pem(),
+    };
+    let server = XdsServer::restart_on(addr, Some(&rotated));
     server.push(
         "v2",
         &[config("edge", "user", 1), config("other", "user", 1)],

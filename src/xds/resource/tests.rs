@@ -127,3 +127,31 @@ fn foreign_or_corrupt_resources_are_refused() {
         Err(ResourceError::Undecodable { index: 0, .. })
     ));
 }
+
+#[test]
+fn two_resources_of_one_domain_follow_the_merge_rules_of_files() {
+    let first = RateLimitConfig {
+        name: "edge-users".into(),
+        domain: "edge".into(),
+        descriptors: vec![leaf("user", "", policy(RateLimitUnit::Hour, 5))],
+    };
+    let second = RateLimitConfig {
+        name: "edge-keys".into(),
+        domain: "edge".into(),
+        descriptors: vec![leaf("api_key", "", policy(RateLimitUnit::Hour, 3))],
+    };
+    let files = rule_files(&[any(&first), any(&second)]).expect("decoded");
+    let errors = compile(&files).expect_err("a second resource of a domain");
+    assert_eq!(
+        errors,
+        ["edge-keys: duplicate domain 'edge' in config file"]
+    );
+    let merged = Rules::compile(
+        &files,
+        &LoadOptions {
+            merge_domains: true,
+        },
+    )
+    .expect("merged");
+    assert_eq!(merged.rules().count(), 2);
+}

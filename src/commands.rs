@@ -56,7 +56,7 @@ pub fn check(
 }
 
 /// One line describing a compiled rule.
-pub fn describe(rule: &Rule) -> String {
+pub(crate) fn describe(rule: &Rule) -> String {
     let mut line = format!("{} ({})", rule.stats_key, rule.config_path);
     if rule.unlimited {
         line.push_str(" unlimited");

@@ -25,7 +25,7 @@ thread_local! {
 }
 
 /// The index of the lane whose serving thread this is (`None` on any other thread).
-pub fn current() -> Option<usize> {
+pub(crate) fn current() -> Option<usize> {
     CURRENT.get()
 }
 
@@ -43,7 +43,7 @@ pub(crate) type Work = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + S
 
 /// Serving threads started but not handed their work yet: their runtimes already run
 /// tasks spawned through [`Lanes::handles`]. Dropped unused, the threads end.
-pub struct Lanes {
+pub(crate) struct Lanes {
     idle: Vec<IdleLane>,
 }
 
@@ -59,15 +59,15 @@ struct IdleLane {
 #[error("starting gRPC serving thread {index}: {source}")]
 pub struct StartError {
     /// Which lane.
-    pub index: usize,
+    pub(crate) index: usize,
     /// What failed.
-    pub source: std::io::Error,
+    pub(crate) source: std::io::Error,
 }
 
 impl Lanes {
     /// Starts `count` (at least one) serving threads, named `sluice-grpc-<index>`, each
     /// running its own single-threaded runtime, which lives and ends on that thread.
-    pub fn spawn(count: usize) -> Result<Self, StartError> {
+    pub(crate) fn spawn(count: usize) -> Result<Self, StartError> {
         let mut idle = Vec::with_capacity(count.max(1));
         for index in 0..count.max(1) {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -100,7 +100,7 @@ impl Lanes {
 
     /// Hands lane `i` the work `work(i)`, in lane order. A lane whose thread has already
     /// ended drops its work unrun.
-    pub fn run(self, mut work: impl FnMut(usize) -> Work) {
+    pub(crate) fn run(self, mut work: impl FnMut(usize) -> Work) {
         for (index, lane) in self.idle.into_iter().enumerate() {
             let _ = lane.work.send(work(index));
         }

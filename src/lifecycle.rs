@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 /// Readiness and drain state shared by the admin port and the gRPC health service.
 #[derive(Debug)]
-pub struct Lifecycle {
+pub(crate) struct Lifecycle {
     /// Set at the start of shutdown: readiness turns false at once.
     draining: AtomicBool,
     /// When the server started.
@@ -20,7 +20,7 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// A lifecycle starting now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             draining: AtomicBool::new(false),
             started: Instant::now(),

@@ -29,7 +29,7 @@ pub enum PemError {
 }
 
 /// Every certificate in a PEM file (a chain or a CA bundle); at least one.
-pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
     let pem = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -41,13 +41,13 @@ pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemErro
 }
 
 /// The first private key in a PEM file.
-pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
+pub(crate) fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
     PrivateKeyDer::from_pem_slice(&read(path)?)
         .map_err(|e| invalid(path, format!("no usable PEM private key ({e})")))
 }
 
 /// An error about `path` (for what rustls refuses once the files are read).
-pub fn invalid(path: &Path, reason: impl ToString) -> PemError {
+pub(crate) fn invalid(path: &Path, reason: impl ToString) -> PemError {
     PemError::Invalid {
         path: path.to_owned(),
         reason: reason.to_string(),

@@ -35,7 +35,7 @@ pub(crate) struct Reloading<T> {
 
 impl<T> Reloading<T> {
     /// Builds the first value; its error (a bad file at startup) is returned as is.
-    pub fn load<E>(
+    pub(crate) fn load<E>(
         what: &'static str,
         paths: Vec<PathBuf>,
         build: impl FnOnce() -> Result<T, E>,
@@ -52,7 +52,7 @@ impl<T> Reloading<T> {
 
     /// The current value, rebuilt with `build` first if a file changed since the last
     /// attempt. A failed rebuild is logged and the previous value returned.
-    pub fn get<E: Display>(&self, build: impl FnOnce() -> Result<T, E>) -> Arc<T> {
+    pub(crate) fn get<E: Display>(&self, build: impl FnOnce() -> Result<T, E>) -> Arc<T> {
         if self.paths.is_empty() {
             return self.current();
         }
@@ -79,7 +79,7 @@ impl<T> Reloading<T> {
     }
 
     /// The current value, without looking at the files.
-    pub fn current(&self) -> Arc<T> {
+    pub(crate) fn current(&self) -> Arc<T> {
         self.current.load_full()
     }
 }

@@ -29,39 +29,39 @@ pub(crate) const MAX_RULE_LABEL_BYTES: usize = 256;
 
 /// Label of a per-rule hit statistic.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleStatLabels {
+pub(crate) struct RuleStatLabels {
     /// The reference's stats key (`domain.key_value`).
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
     /// `total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`,
     /// `over_limit_with_local_cache`.
-    pub stat: &'static str,
+    pub(crate) stat: &'static str,
 }
 
 /// Label of a per-rule decision count.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
+pub(crate) struct DecisionLabels {
     /// Domain of the request.
-    pub domain: Arc<str>,
+    pub(crate) domain: Arc<str>,
     /// The reference's stats key.
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
     /// `ok`, `over_limit`, `near_limit` or `shadow_over_limit`.
-    pub decision: &'static str,
+    pub(crate) decision: &'static str,
 }
 
 /// A label with one bounded string value.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
+pub(crate) struct KindLabel {
     /// The bounded value.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 /// Labels of a failure-mode decision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FallbackLabels {
+pub(crate) struct FallbackLabels {
     /// The reference's stats key of the rule.
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
     /// `open`, `closed`, `local` or `error`.
-    pub mode: &'static str,
+    pub(crate) mode: &'static str,
 }
 
 /// A local decision layer label.
@@ -73,37 +73,37 @@ pub struct LayerLabel {
 
 /// A rule label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabel {
+pub(crate) struct RuleLabel {
     /// The reference's stats key of the rule.
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
 }
 
 /// A store operation label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabel {
+pub(crate) struct OpLabel {
     /// `check` or `peek`.
-    pub op: &'static str,
+    pub(crate) op: &'static str,
 }
 
 /// A store node label (`host:port`, or `redis` for a single node).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeLabel {
+pub(crate) struct NodeLabel {
     /// The node.
-    pub node: Arc<str>,
+    pub(crate) node: Arc<str>,
 }
 
 /// A circuit-breaker state label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
+pub(crate) struct StateLabel {
     /// `closed`, `open` or `half_open`.
-    pub state: &'static str,
+    pub(crate) state: &'static str,
 }
 
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+pub(crate) struct ResultLabel {
     /// `success` or `error` (rule loads), `ack` or `nack` (xDS responses).
-    pub result: &'static str,
+    pub(crate) result: &'static str,
 }
 
 /// Every metric Sluice exports.
@@ -111,46 +111,46 @@ pub struct Metrics {
     /// The registry `/metrics` encodes.
     registry: Registry,
     /// Reference-compatible per-rule statistics, in hits.
-    pub rule_hits: Family<RuleStatLabels, Counter>,
+    pub(crate) rule_hits: Family<RuleStatLabels, Counter>,
     /// Per-rule decisions, in requests.
-    pub requests: Family<DecisionLabels, Counter>,
+    pub(crate) requests: Family<DecisionLabels, Counter>,
     /// Time to answer one ShouldRateLimit call.
-    pub request_duration: Histogram,
+    pub(crate) request_duration: Histogram,
     /// Calls that failed: `service_error` (bad request, no rules) or `store_error`.
-    pub call_errors: Family<KindLabel, Counter>,
+    pub(crate) call_errors: Family<KindLabel, Counter>,
     /// Calls whose OVER_LIMIT was turned into OK by global shadow mode.
-    pub global_shadow_mode: Counter,
+    pub(crate) global_shadow_mode: Counter,
     /// Descriptors looked up in a domain that has no rules.
-    pub domain_not_found: Counter,
+    pub(crate) domain_not_found: Counter,
     /// Rule set loads by result.
-    pub config_reloads: Family<ResultLabel, Counter>,
+    pub(crate) config_reloads: Family<ResultLabel, Counter>,
     /// Rules in the active rule set.
-    pub config_rules: Gauge,
+    pub(crate) config_rules: Gauge,
     /// Live entries the memory store evicted because it was full.
-    pub memory_evictions: Counter,
+    pub(crate) memory_evictions: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
     /// Units of the leases this instance holds open (used or not), per rule.
-    pub lease_outstanding: Family<RuleLabel, Gauge>,
+    pub(crate) lease_outstanding: Family<RuleLabel, Gauge>,
     /// Per leased rule, the documented bound of early refusal in units:
     /// `(replicas − 1) × N` (plus the refill reserve for token bucket and GCRA).
-    pub lease_bound: Family<RuleLabel, Gauge>,
+    pub(crate) lease_bound: Family<RuleLabel, Gauge>,
     /// Checks per Redis batch.
-    pub batch_size: Histogram,
+    pub(crate) batch_size: Histogram,
     /// Time of one store call (`op` = `check` or `peek`), queueing included.
-    pub store_durations: Family<OpLabel, Histogram, fn() -> Histogram>,
+    pub(crate) store_durations: Family<OpLabel, Histogram, fn() -> Histogram>,
     /// Failed store calls by [`crate::store::StoreError::kind`].
-    pub store_errors: Family<KindLabel, Counter>,
+    pub(crate) store_errors: Family<KindLabel, Counter>,
     /// Checks answered by a rule's failure mode because the store failed.
-    pub store_fallbacks: Family<FallbackLabels, Counter>,
+    pub(crate) store_fallbacks: Family<FallbackLabels, Counter>,
     /// Circuit breaker state per store node: 0 closed, 1 open, 2 half-open.
-    pub breaker_state: Family<NodeLabel, Gauge>,
+    pub(crate) breaker_state: Family<NodeLabel, Gauge>,
     /// Circuit breaker transitions by the state entered.
-    pub breaker_transitions: Family<StateLabel, Counter>,
+    pub(crate) breaker_transitions: Family<StateLabel, Counter>,
     /// Whether the xDS stream to the management server is open (1) or not (0).
-    pub xds_connected: Gauge,
+    pub(crate) xds_connected: Gauge,
     /// xDS responses received, by what was answered: `ack` (loaded) or `nack`.
-    pub xds_responses: Family<ResultLabel, Counter>,
+    pub(crate) xds_responses: Family<ResultLabel, Counter>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
     /// Each (domain, rule label) pair's counters, resolved once: the request path then
@@ -195,7 +195,7 @@ impl RuleStat {
     ];
 
     /// The `stat` label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::TotalHits => "total_hits",
             Self::WithinLimit => "within_limit",
@@ -239,7 +239,7 @@ fn add_saturating(counter: &Counter, n: u64) {
 
 impl RuleCounters {
     /// Adds `hits` to statistic `stat` (nothing for zero).
-    pub fn add(&self, stat: RuleStat, hits: u64) {
+    pub(crate) fn add(&self, stat: RuleStat, hits: u64) {
         if hits == 0 {
             return;
         }
@@ -256,7 +256,7 @@ impl RuleCounters {
     }
 
     /// Counts one decision; `decision` is one of [`DECISIONS`].
-    pub fn decision(&self, decision: &'static str) {
+    pub(crate) fn decision(&self, decision: &'static str) {
         let Some(index) = DECISIONS.iter().position(|d| *d == decision) else {
             return;
         };
@@ -521,7 +521,7 @@ impl Metrics {
     }
 
     /// Counts one failed store call.
-    pub fn store_error(&self, kind: &'static str) {
+    pub(crate) fn store_error(&self, kind: &'static str) {
         self.store_errors.get_or_create(&KindLabel { kind }).inc();
     }
 

@@ -21,21 +21,21 @@ use crate::telemetry::Metrics;
 use crate::xds::XdsState;
 
 /// What the admin handlers read.
-pub struct AdminState<S> {
+pub(crate) struct AdminState<S> {
     /// The rate limit service (`/json`, rules).
-    pub service: Arc<Service<S>>,
+    pub(crate) service: Arc<Service<S>>,
     /// Metrics to expose.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Readiness and drain state.
-    pub lifecycle: Arc<Lifecycle>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
     /// Serve `POST /explain` (it reveals descriptor values).
-    pub debug_endpoints: bool,
+    pub(crate) debug_endpoints: bool,
     /// The xDS client's state, when rules come over xDS.
     pub(crate) xds: Option<Arc<XdsState>>,
 }
 
 /// The admin router.
-pub fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
+pub(crate) fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
     let mut router = Router::new();
     if state.debug_endpoints {
         router = router.route("/explain", post(explain::<S>));

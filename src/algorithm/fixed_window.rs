@@ -20,14 +20,14 @@ use super::{Algorithm, Decision, Micros, Quota};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
     /// Start of the window `count` belongs to (a multiple of the period).
-    pub window_start: Micros,
+    pub(crate) window_start: Micros,
     /// Units counted in that window, refused hits included (reference semantics).
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 /// The fixed window algorithm (see the module documentation).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct FixedWindow;
+pub(crate) struct FixedWindow;
 
 impl Algorithm for FixedWindow {
     type State = State;

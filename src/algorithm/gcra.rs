@@ -32,14 +32,14 @@ use super::{is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
     /// Whole microseconds of the TAT.
-    pub tat: Micros,
+    pub(crate) tat: Micros,
     /// Fraction of a microsecond, in units of `1 / limit` (normally `< limit`).
-    pub frac: u64,
+    pub(crate) frac: u64,
 }
 
 /// The GCRA algorithm (see the module documentation).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Gcra;
+pub(crate) struct Gcra;
 
 /// A duration or instant in mixed radix: `us + frac / limit`, `frac < limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

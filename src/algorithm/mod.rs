@@ -32,10 +32,10 @@
 //!   short. A request that can never pass (`cost` above the capacity) reports a finite,
 //!   non-zero `retry_after` documented per algorithm.
 
-pub mod fixed_window;
-pub mod gcra;
-pub mod sliding_log;
-pub mod sliding_window;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
 pub mod token_bucket;
 
 #[cfg(test)]
@@ -76,7 +76,7 @@ impl AlgorithmKind {
     }
 
     /// Parses a rule file's algorithm name.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|kind| kind.as_str() == name)
     }
 
@@ -147,7 +147,7 @@ pub(crate) fn is_invalid(quota: &Quota) -> bool {
 /// Lua mirror: gallop up from `guess` (step 1, 2, 4, ...) until `pass`, gallop down the
 /// same way while `pass`, then bisect with `mid = lo + floor((hi - lo) / 2)`. Values stay
 /// integers below 2^53 for realistic waits, so the loop is exact in doubles too.
-pub fn earliest(guess: Micros, pass: impl Fn(Micros) -> bool) -> Micros {
+pub(crate) fn earliest(guess: Micros, pass: impl Fn(Micros) -> bool) -> Micros {
     // Invariant: pass(hi) holds, and pass(d) is false for every d < lo.
     let mut lo: Micros = 0;
     let mut hi = guess;
@@ -240,17 +240,6 @@ impl State {
             AlgorithmKind::SlidingLog => Self::SlidingLog(Default::default()),
             AlgorithmKind::TokenBucket => Self::TokenBucket(Default::default()),
             AlgorithmKind::Gcra => Self::Gcra(Default::default()),
-        }
-    }
-
-    /// The algorithm this state belongs to.
-    pub fn kind(&self) -> AlgorithmKind {
-        match self {
-            Self::FixedWindow(_) => AlgorithmKind::FixedWindow,
-            Self::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
-            Self::SlidingLog(_) => AlgorithmKind::SlidingLog,
-            Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
-            Self::Gcra(_) => AlgorithmKind::Gcra,
         }
     }
 }

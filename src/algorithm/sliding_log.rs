@@ -25,9 +25,9 @@ use super::{is_invalid, Algorithm, Decision, Micros, Quota};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Run {
     /// When the units were admitted.
-    pub at: Micros,
+    pub(crate) at: Micros,
     /// How many units (≥ 1).
-    pub units: u64,
+    pub(crate) units: u64,
 }
 
 /// The admissions still inside the rolling window, oldest first, one run per instant.
@@ -39,7 +39,7 @@ pub struct State {
 
 /// The sliding log algorithm (see the module documentation).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SlidingLog;
+pub(crate) struct SlidingLog;
 
 impl Algorithm for SlidingLog {
     type State = State;

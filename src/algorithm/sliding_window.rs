@@ -37,16 +37,16 @@ use super::{earliest, is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
     /// Start of the current window (a multiple of the period).
-    pub window_start: Micros,
+    pub(crate) window_start: Micros,
     /// Units admitted in the window before `window_start`.
-    pub prev: u64,
+    pub(crate) prev: u64,
     /// Units admitted since `window_start`.
-    pub curr: u64,
+    pub(crate) curr: u64,
 }
 
 /// The sliding window counter algorithm (see the module documentation).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SlidingWindow;
+pub(crate) struct SlidingWindow;
 
 /// The state rolled forward to the window of `at`, and the estimate there.
 struct Assessment {

@@ -20,7 +20,7 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 
 /// Answers OK to everything, one OK status per descriptor, deciding nothing.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ConstantOk;
+pub(crate) struct ConstantOk;
 
 #[tonic::async_trait]
 impl RateLimitService for ConstantOk {

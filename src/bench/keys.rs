@@ -6,7 +6,7 @@ use crate::proto::rls::RateLimitRequest;
 
 /// Why a template or distribution could not be parsed.
 #[derive(Debug, thiserror::Error)]
-pub enum KeysError {
+pub(crate) enum KeysError {
     /// A distribution other than `one`, `uniform:N`, `zipf:N:s`.
     #[error("invalid key distribution {0:?}: expected one, uniform:N or zipf:N:s (N ≥ 1, s > 0)")]
     Distribution(String),
@@ -17,7 +17,7 @@ pub enum KeysError {
 
 /// How request keys are drawn.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Distribution {
+pub(crate) enum Distribution {
     /// Always key `0`: one hot descriptor.
     One,
     /// Keys `0..n`, each equally likely.
@@ -57,7 +57,7 @@ impl std::str::FromStr for Distribution {
 
 /// One descriptor to send: entries whose values may contain `{key}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Template {
+pub(crate) struct Template {
     /// `(key, value template)` pairs in order.
     entries: Vec<(String, String)>,
 }
@@ -81,7 +81,7 @@ impl std::str::FromStr for Template {
 
 /// Builds requests: templates, domain and hits addend fixed; the key varies.
 #[derive(Clone, Debug)]
-pub struct RequestMaker {
+pub(crate) struct RequestMaker {
     /// Rule domain.
     domain: String,
     /// Descriptors of every request.
@@ -96,7 +96,7 @@ pub struct RequestMaker {
 
 impl RequestMaker {
     /// A maker of requests to `domain` with `templates`, keys from `distribution`.
-    pub fn new(
+    pub(crate) fn new(
         domain: String,
         templates: Vec<Template>,
         distribution: Distribution,
@@ -128,7 +128,7 @@ impl RequestMaker {
     }
 
     /// Draws one key with `rng`.
-    pub fn key(&self, rng: &mut Rng) -> u64 {
+    pub(crate) fn key(&self, rng: &mut Rng) -> u64 {
         match self.distribution {
             Distribution::One => 0,
             Distribution::Uniform(n) => rng.below(n),
@@ -140,7 +140,7 @@ impl RequestMaker {
     }
 
     /// The request for `key`.
-    pub fn request(&self, key: u64) -> RateLimitRequest {
+    pub(crate) fn request(&self, key: u64) -> RateLimitRequest {
         let key = key.to_string();
         RateLimitRequest {
             domain: self.domain.clone(),
@@ -166,16 +166,16 @@ impl RequestMaker {
 
 /// A small, fast PRNG (SplitMix64): key choice needs speed and repeatability, not secrecy.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -184,12 +184,12 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (`n ≥ 1`), by multiply-shift.
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
     /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

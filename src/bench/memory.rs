@@ -82,7 +82,7 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// This process's resident set, from `/proc/self/status` (`VmRSS`).
-pub fn rss_bytes() -> Option<u64> {
+pub(crate) fn rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

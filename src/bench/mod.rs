@@ -10,10 +10,10 @@
 //! throughput.
 
 pub mod ceiling;
-pub mod keys;
+pub(crate) mod keys;
 pub mod memory;
-pub mod pacer;
-pub mod report;
+pub(crate) mod pacer;
+pub(crate) mod report;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +25,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-pub use keys::{Distribution, RequestMaker, Rng, Template};
+pub(crate) use keys::{Distribution, RequestMaker, Rng, Template};
 use pacer::{Ticker, PACER_TICK};
 pub use report::{Report, Tally};
 
@@ -34,44 +34,44 @@ pub use report::{Report, Tally};
 pub struct BenchArgs {
     /// RLS server address (`host:port`, plaintext HTTP/2).
     #[arg(long, default_value = "127.0.0.1:8081")]
-    pub target: SocketAddr,
+    pub(crate) target: SocketAddr,
     /// Calls in flight at most.
     #[arg(long, default_value_t = 64)]
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// HTTP/2 connections to spread the calls over (as many as `--threads` to load a
     /// thread-per-core server: with more, which server thread each lands on is a race)
     #[arg(long, default_value_t = 4)]
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// Measured time.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// Unmeasured time before it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
-    pub warmup: Duration,
+    pub(crate) warmup: Duration,
     /// Open loop: start this many calls per second on a fixed schedule.
     #[arg(long)]
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
     /// Rule domain of every request.
     #[arg(long, default_value = "bench")]
-    pub domain: String,
+    pub(crate) domain: String,
     /// A descriptor, `key=value[,key=value...]`; `{key}` in a value is replaced by the
     /// request's key. Repeat for several descriptors per request.
     #[arg(long = "descriptor", default_value = "user={key}")]
-    pub descriptors: Vec<Template>,
+    pub(crate) descriptors: Vec<Template>,
     /// Key distribution: `one`, `uniform:N` or `zipf:N:s`.
     #[arg(long, default_value = "one")]
-    pub keys: Distribution,
+    pub(crate) keys: Distribution,
     /// Request-level hits addend (0: the server's default of one hit).
     #[arg(long, default_value_t = 0)]
-    pub hits_addend: u32,
+    pub(crate) hits_addend: u32,
     /// Deadline every call carries as `grpc-timeout`, as Envoy's rate limit filter
     /// sends its own timeout (20 ms by default); none when unset.
     #[arg(long, value_parser = humantime::parse_duration)]
-    pub grpc_timeout: Option<Duration>,
+    pub(crate) grpc_timeout: Option<Duration>,
     /// Load threads, each with its own runtime, connections and share of the calls
     /// (at most `--connections` and `--concurrency`).
     #[arg(long, default_value_t = 1)]
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,

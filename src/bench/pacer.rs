@@ -25,23 +25,23 @@ use tokio::sync::Semaphore;
 /// millisecond granularity: bursts of a millisecond). A tick of 50 µs woke an idle
 /// thread 20 000 times a second, which cost more than the calls it paced; at 200 µs,
 /// 70 000 calls/s over two threads start seven at a time per thread.
-pub const PACER_TICK: Duration = Duration::from_micros(200);
+pub(crate) const PACER_TICK: Duration = Duration::from_micros(200);
 
 /// One load thread's share of an open loop's calls.
 #[derive(Clone, Copy, Debug)]
-pub struct Pace {
+pub(crate) struct Pace {
     /// Calls per second, all threads together.
-    pub rate: f64,
+    pub(crate) rate: f64,
     /// Load threads sharing the calls.
-    pub threads: u64,
+    pub(crate) threads: u64,
     /// This thread's number (0-based): its calls are those with n % threads == index.
-    pub index: u64,
+    pub(crate) index: u64,
 }
 
 impl Pace {
     /// This thread's calls due `elapsed` after the start: the n < rate × elapsed with
     /// n % threads == index.
-    pub fn due_after(&self, elapsed: Duration) -> u64 {
+    pub(crate) fn due_after(&self, elapsed: Duration) -> u64 {
         let all = (elapsed.as_secs_f64() * self.rate) as u64;
         (all + self.threads - 1 - self.index) / self.threads
     }
@@ -50,7 +50,7 @@ impl Pace {
     /// permit each) as they fall due, until `end`; then closes `workers` (also when the
     /// timer fails). Calls released but not yet taken when it closes are not made: the
     /// schedule was not kept. Returns the calls released.
-    pub async fn dispatch(
+    pub(crate) async fn dispatch(
         &self,
         ticker: &Ticker,
         start: Instant,
@@ -80,13 +80,13 @@ impl Pace {
 
 /// A periodic timer on the current thread's tokio reactor.
 #[derive(Debug)]
-pub struct Ticker {
+pub(crate) struct Ticker {
     timer: AsyncFd<OwnedFd>,
 }
 
 impl Ticker {
     /// A timer firing every `every` from now; must be made inside a tokio runtime.
-    pub fn every(every: Duration) -> io::Result<Self> {
+    pub(crate) fn every(every: Duration) -> io::Result<Self> {
         let timer = timerfd_create(
             TimerfdClockId::Monotonic,
             TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
@@ -116,7 +116,7 @@ impl Ticker {
     }
 
     /// Waits for the next tick (at once if ticks have passed since the last wait).
-    pub async fn tick(&self) -> io::Result<()> {
+    pub(crate) async fn tick(&self) -> io::Result<()> {
         loop {
             let mut ready = self.timer.readable().await?;
             // The number of expirations since the last read; only that there were any

@@ -13,18 +13,18 @@ use serde::Serialize;
 /// Outcomes and latencies recorded by one worker (merged at the end).
 pub struct Tally {
     /// Latency of every answered call (any overall code), in microseconds.
-    pub latency: Histogram<u64>,
+    pub(crate) latency: Histogram<u64>,
     /// Latency of every failed call, in microseconds: kept apart, so that calls failing
     /// fast can neither pass for throughput nor pull the answered calls' latency down.
-    pub error_latency: Histogram<u64>,
+    pub(crate) error_latency: Histogram<u64>,
     /// Calls answered `overall_code: OK`.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Calls answered `overall_code: OVER_LIMIT`.
-    pub over_limit: u64,
+    pub(crate) over_limit: u64,
     /// Calls answered with another overall code (UNKNOWN): a server bug for Envoy.
-    pub unknown: u64,
+    pub(crate) unknown: u64,
     /// Failed calls per gRPC status code name.
-    pub errors: BTreeMap<String, u64>,
+    pub(crate) errors: BTreeMap<String, u64>,
 }
 
 /// An empty latency histogram: 1 µs to 100 s at 3 significant digits.
@@ -41,7 +41,7 @@ fn record(histogram: &mut Histogram<u64>, latency: Duration) {
 
 impl Tally {
     /// An empty tally.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             latency: histogram(),
             error_latency: histogram(),
@@ -53,7 +53,7 @@ impl Tally {
     }
 
     /// Counts one call that took `latency`: its overall code, or its gRPC error.
-    pub fn count(&mut self, latency: Duration, result: Result<i32, &tonic::Status>) {
+    pub(crate) fn count(&mut self, latency: Duration, result: Result<i32, &tonic::Status>) {
         match result {
             Ok(code) => {
                 record(&mut self.latency, latency);
@@ -76,7 +76,7 @@ impl Tally {
     }
 
     /// Adds `other` into `self`.
-    pub fn merge(&mut self, other: &Tally) {
+    pub(crate) fn merge(&mut self, other: &Tally) {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.latency.add(&other.latency);
         let _ = self.error_latency.add(&other.error_latency);
@@ -99,17 +99,17 @@ impl Default for Tally {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Latency {
     /// Mean.
-    pub mean: f64,
+    pub(crate) mean: f64,
     /// Median.
-    pub p50: f64,
+    pub(crate) p50: f64,
     /// 90th percentile.
-    pub p90: f64,
+    pub(crate) p90: f64,
     /// 99th percentile.
-    pub p99: f64,
+    pub(crate) p99: f64,
     /// 99.9th percentile.
-    pub p999: f64,
+    pub(crate) p999: f64,
     /// Slowest call.
-    pub max: f64,
+    pub(crate) max: f64,
 }
 
 impl Latency {
@@ -139,17 +139,17 @@ impl Latency {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Report {
     /// Server address.
-    pub target: String,
+    pub(crate) target: String,
     /// Load threads.
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// HTTP/2 connections used.
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// Calls in flight at most.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Requested open-loop rate, if any.
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
     /// Measured seconds (after warm-up).
-    pub duration_secs: f64,
+    pub(crate) duration_secs: f64,
     /// Calls completed in the measured period, failed ones included.
     pub requests: u64,
     /// Answered calls per second: a failed call is never throughput.
@@ -161,20 +161,20 @@ pub struct Report {
     /// `overall_code: OVER_LIMIT` answers.
     pub over_limit: u64,
     /// Answers with any other overall code.
-    pub unknown: u64,
+    pub(crate) unknown: u64,
     /// Failed calls, all codes together.
     pub errors: u64,
     /// Failed calls per gRPC status code name.
     pub errors_by_code: BTreeMap<String, u64>,
     /// Latency of the answered calls, in milliseconds.
-    pub latency_ms: Latency,
+    pub(crate) latency_ms: Latency,
     /// Latency of the failed calls, in milliseconds (none when no call failed).
     pub error_latency_ms: Option<Latency>,
 }
 
 impl Report {
     /// Summarises `tally`, measured by the load `args` describe.
-    pub fn new(args: &BenchArgs, tally: &Tally) -> Self {
+    pub(crate) fn new(args: &BenchArgs, tally: &Tally) -> Self {
         let errors: u64 = tally.errors.values().sum();
         let answered = tally.ok + tally.over_limit + tally.unknown;
         let secs = args.duration.as_secs_f64();

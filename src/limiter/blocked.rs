@@ -40,17 +40,17 @@ struct BlockKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Blocked {
     /// Until this instant, requests of `cost` are refused here.
-    pub until: Micros,
+    pub(crate) until: Micros,
     /// When the store said such a request could pass (reported; at or after `until`).
     retry_at: Micros,
     /// The refused cost.
-    pub cost: u64,
+    pub(crate) cost: u64,
     /// Larger costs wait as long (a single fixed window: until its end).
     larger_too: bool,
     /// When the refusing limit is whole again.
-    pub reset_at: Micros,
+    pub(crate) reset_at: Micros,
     /// Which limit refused.
-    pub limit_index: usize,
+    pub(crate) limit_index: usize,
     /// Real-time lifetime of the entry (for eviction only; decisions use `until`).
     ttl: Duration,
 }
@@ -104,7 +104,7 @@ pub(crate) struct BlockedCache {
 
 impl BlockedCache {
     /// A cache holding at most `capacity` keys.
-    pub fn new(capacity: u64) -> Self {
+    pub(crate) fn new(capacity: u64) -> Self {
         Self {
             cache: Cache::builder()
                 .max_capacity(capacity)
@@ -117,7 +117,7 @@ impl BlockedCache {
     /// The standing block for a check of `cost` at `now`, if any: only a refusal of the
     /// same cost answers (or of a smaller one, under a single fixed window), so its wait
     /// is the store's own.
-    pub fn get(
+    pub(crate) fn get(
         &self,
         counter: CounterKey,
         limits: &[LimitCheck],
@@ -136,7 +136,7 @@ impl BlockedCache {
     /// `limit_index`, for at most `longest` (a leased rule's: units other instances
     /// hold come back when their leases end, sooner than the store could say). A
     /// refusal that may pass at once is not remembered.
-    pub fn insert(
+    pub(crate) fn insert(
         &self,
         check: &StoreCheck,
         now: Micros,

@@ -14,67 +14,67 @@ use crate::store::{Store, StoreError};
 
 /// What applies to one descriptor, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Explanation {
+pub(crate) struct Explanation {
     /// The descriptor's entries as `key=value`.
-    pub entries: Vec<String>,
+    pub(crate) entries: Vec<String>,
     /// Per entry, how it matched the config tree (`exact value`, `wildcard "a*"`,
     /// `key only`, `no match`).
-    pub matched_by: Vec<String>,
+    pub(crate) matched_by: Vec<String>,
     /// `unknown_domain`, `no_match`, `unlimited`, `replaced` or `limited`.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
     /// The rule that applies, if any.
-    pub rule: Option<RuleView>,
+    pub(crate) rule: Option<RuleView>,
     /// Hex digest naming the descriptor's counters (`sluice:{<digest>}:<limit>` in Redis).
-    pub counter_key: Option<String>,
+    pub(crate) counter_key: Option<String>,
     /// Units a request would cost.
-    pub cost: u64,
+    pub(crate) cost: u64,
     /// Per limit, what the store would decide now (only when a store was asked).
-    pub would_decide: Vec<DecisionView>,
+    pub(crate) would_decide: Vec<DecisionView>,
 }
 
 /// A rule, for humans.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RuleView {
+pub(crate) struct RuleView {
     /// The reference's stats key (`domain.key_value`).
-    pub stats_key: String,
+    pub(crate) stats_key: String,
     /// Where it is configured (`file.yaml: descriptors[0]`).
-    pub config_path: String,
+    pub(crate) config_path: String,
     /// The limit's name, if any.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Shadow rule: never refuses.
-    pub shadow_mode: bool,
+    pub(crate) shadow_mode: bool,
     /// Quota rule.
-    pub quota_mode: bool,
+    pub(crate) quota_mode: bool,
     /// The limits, checked all-or-nothing.
-    pub limits: Vec<LimitView>,
+    pub(crate) limits: Vec<LimitView>,
 }
 
 /// One limit, for humans.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LimitView {
+pub(crate) struct LimitView {
     /// Units per `unit`.
-    pub requests_per_unit: u32,
+    pub(crate) requests_per_unit: u32,
     /// `second` … `year`.
-    pub unit: String,
+    pub(crate) unit: String,
     /// Algorithm name.
-    pub algorithm: &'static str,
+    pub(crate) algorithm: &'static str,
     /// Capacity (token bucket, GCRA).
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
     /// Store failure mode.
-    pub failure_mode: String,
+    pub(crate) failure_mode: String,
 }
 
 /// One decision, for humans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct DecisionView {
+pub(crate) struct DecisionView {
     /// Would the request pass this limit.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// Units left after it.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Milliseconds until the limit is whole again.
-    pub reset_after_ms: u64,
+    pub(crate) reset_after_ms: u64,
     /// Milliseconds until a request of this cost would pass.
-    pub retry_after_ms: u64,
+    pub(crate) retry_after_ms: u64,
 }
 
 impl From<Decision> for DecisionView {
@@ -90,7 +90,7 @@ impl From<Decision> for DecisionView {
 
 /// Explains `request` under `rules`; asks `store` what it would decide when given. The
 /// descriptors are matched by the same step a check takes ([`super::matching`]).
-pub async fn explain<S: Store>(
+pub(crate) async fn explain<S: Store>(
     rules: &Rules,
     request: &CheckRequest<'_>,
     store: Option<&S>,
@@ -176,7 +176,7 @@ fn rule_view(matched: &Matched<'_>) -> RuleView {
 
 impl<S: Store> Limiter<S> {
     /// Explains `request` against this limiter's store, charging nothing.
-    pub async fn explain(
+    pub(crate) async fn explain(
         &self,
         rules: &Rules,
         request: &CheckRequest<'_>,

@@ -26,7 +26,7 @@ pub(crate) struct Fallback {
 
 impl Fallback {
     /// A fallback for `replicas` instances, reading time from `clock`.
-    pub fn new(replicas: u32, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(replicas: u32, clock: Arc<dyn Clock>) -> Self {
         Self {
             local: MemoryStore::new(LOCAL_MAX_KEYS, clock),
             replicas: replicas.max(1),
@@ -34,7 +34,7 @@ impl Fallback {
     }
 
     /// The failure mode that governs `rule`.
-    pub fn mode(rule: &Rule) -> FailureMode {
+    pub(crate) fn mode(rule: &Rule) -> FailureMode {
         let modes = rule.limits.iter().map(|limit| limit.failure_mode);
         [FailureMode::Error, FailureMode::Closed, FailureMode::Local]
             .into_iter()
@@ -44,7 +44,7 @@ impl Fallback {
 
     /// Decides `check` under `mode` (never `Error`, which the caller handles), appending
     /// one decision per limit.
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         mode: FailureMode,
         check: &StoreCheck,

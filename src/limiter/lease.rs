@@ -64,10 +64,10 @@ pub(crate) struct Slot {
     /// Lease lifetime asked for.
     lifetime: Micros,
     /// Units not used yet.
-    pub units: u64,
+    pub(crate) units: u64,
     /// Units of the lease while it is open (granted, not yet closed by a renewal or the
     /// return loop); 0 when closed. Feeds `sluice_lease_outstanding_units`.
-    pub open: u64,
+    pub(crate) open: u64,
     /// Store time of the grant (the return script's reference).
     granted_at: Micros,
     /// Local instant the lease stops admitting.
@@ -89,7 +89,7 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// Takes `cost` from a live lease; the decision to answer, if it had enough.
-    pub fn take(&mut self, cost: u64, now: Micros) -> Option<Decision> {
+    pub(crate) fn take(&mut self, cost: u64, now: Micros) -> Option<Decision> {
         if cost == 0 || now >= self.expires || self.units < cost {
             return None;
         }
@@ -112,7 +112,7 @@ impl Slot {
     /// Takes the unused units out (so nothing admits from them while they travel
     /// back), with the grant's store time and the lease's lifetime; [`Slot::restore`]
     /// puts them back if the call was never sent.
-    pub fn give_back(&mut self) -> Option<(u64, Micros, Micros)> {
+    pub(crate) fn give_back(&mut self) -> Option<(u64, Micros, Micros)> {
         let units = std::mem::take(&mut self.units);
         (units > 0).then_some((units, self.granted_at, self.lifetime))
     }
@@ -149,7 +149,7 @@ impl Slot {
     }
 
     /// The rule label of this slot.
-    pub fn rule(&self) -> Option<&Arc<str>> {
+    pub(crate) fn rule(&self) -> Option<&Arc<str>> {
         self.rule.as_ref()
     }
 
@@ -202,12 +202,12 @@ pub(crate) struct Cell {
     slot: Mutex<Slot>,
     /// Held across a lease call, so that an instance renews a key once at a time and
     /// callers that find the lease empty wait for the renewal instead of racing it.
-    pub renewing: tokio::sync::Mutex<()>,
+    pub(crate) renewing: tokio::sync::Mutex<()>,
 }
 
 impl Cell {
     /// The slot, locked.
-    pub fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+    pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -223,12 +223,12 @@ pub(crate) struct Leases {
     /// Units of all open leases (the return loop has nothing to do at zero).
     held: AtomicI64,
     /// `sluice_local_decisions_total{layer="lease"}`, looked up once.
-    pub decisions: Counter,
+    pub(crate) decisions: Counter,
 }
 
 impl Leases {
     /// Leases for an instance among `replicas`.
-    pub fn new(capacity: u64, replicas: u32, decisions: Counter) -> Self {
+    pub(crate) fn new(capacity: u64, replicas: u32, decisions: Counter) -> Self {
         Self {
             slots: Cache::new(capacity),
             meters: Meters::new(AUTO_MIN_RATE),
@@ -239,7 +239,7 @@ impl Leases {
     }
 
     /// Units to lease for this check at `now`, or `None` to go to the store unleased.
-    pub fn size(&self, lease: &Lease, check: &StoreCheck, now: Micros) -> Option<u64> {
+    pub(crate) fn size(&self, lease: &Lease, check: &StoreCheck, now: Micros) -> Option<u64> {
         let [limit] = &check.limits[..] else {
             return None;
         };
@@ -280,7 +280,7 @@ impl Leases {
     /// The documented bound of early refusal for a lease of `units` (see the module
     /// documentation).
     /// `lifetime` is the lease's own (see [`lifetime`]).
-    pub fn bound(&self, limit: &LimitCheck, units: u64, lifetime: Micros) -> i64 {
+    pub(crate) fn bound(&self, limit: &LimitCheck, units: u64, lifetime: Micros) -> i64 {
         let others = (self.replicas - 1).saturating_mul(units);
         let reserve = match limit.algorithm {
             AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => {
@@ -298,7 +298,7 @@ impl Leases {
 /// and GCRA: at most the time the bucket takes to refill `units`, so that the refill
 /// reserve never exceeds the lease itself (a fast bucket would otherwise pay
 /// `rate × ttl` per lease). Window algorithms: `ttl` (the window end caps it later).
-pub fn lifetime(limit: &LimitCheck, units: u64, ttl: Micros) -> Micros {
+pub(crate) fn lifetime(limit: &LimitCheck, units: u64, ttl: Micros) -> Micros {
     match limit.algorithm {
         AlgorithmKind::TokenBucket | AlgorithmKind::Gcra if limit.quota.limit > 0 => {
             let refill =

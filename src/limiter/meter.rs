@@ -43,7 +43,7 @@ pub(crate) struct Meters {
 
 impl Meters {
     /// Meters calling a key hot from `min_rate` checks within one second.
-    pub fn new(min_rate: u64) -> Self {
+    pub(crate) fn new(min_rate: u64) -> Self {
         let block = || Block(std::array::from_fn(|_| AtomicU64::new(0)));
         Self {
             blocks: (0..BLOCKS).map(|_| block()).collect(),
@@ -53,7 +53,7 @@ impl Meters {
 
     /// Counts one check of `key` at `now`; whether the key is hot (this second or the
     /// previous one reached the rate).
-    pub fn hot(&self, key: CounterKey, now: Micros) -> bool {
+    pub(crate) fn hot(&self, key: CounterKey, now: Micros) -> bool {
         let second = now / MICROS_PER_SECOND;
         let [first, other] = self.meters_of(key);
         // Both count every check: no short circuit.

@@ -5,15 +5,15 @@
 //! Hot-key layers (blocked-until cache, pre-check, leases) and store failure modes plug
 //! in here, between the rules and the store call.
 
-pub mod blocked;
-pub mod explain;
-pub mod fallback;
+pub(crate) mod blocked;
+pub(crate) mod explain;
+pub(crate) mod fallback;
 mod hotkeys;
-pub mod lease;
+pub(crate) mod lease;
 mod matching;
 pub(crate) mod meter;
-pub mod precheck;
-pub mod stats;
+pub(crate) mod precheck;
+pub(crate) mod stats;
 mod within;
 
 use std::borrow::Cow;
@@ -104,12 +104,12 @@ pub enum Verdict<'r> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limited<'r> {
     /// The rule that applied.
-    pub rule: RuleRef<'r>,
+    pub(crate) rule: RuleRef<'r>,
     /// Which of the rule's limits describes the answer: the refusing one with the
     /// longest wait (the first of equals), else the one with the least remaining.
-    pub limit_index: usize,
+    pub(crate) limit_index: usize,
     /// That limit's decision.
-    pub decision: Decision,
+    pub(crate) decision: Decision,
     /// Whether the answer is OVER_LIMIT (false for shadow rules, whatever the store said).
     pub over_limit: bool,
 }
@@ -224,7 +224,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The store behind this limiter.
-    pub fn store(&self) -> &S {
+    pub(crate) fn store(&self) -> &S {
         &self.store
     }
 

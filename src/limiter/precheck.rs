@@ -68,7 +68,7 @@ enum Local {
 
 /// The pre-check's word on one check, before the store call.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Before {
+pub(crate) enum Before {
     /// The key is not hot: nothing looked up, and the store's answer is not charged.
     Cold,
     /// The key is hot and nothing refuses: charge the store's answer ([`Precheck::charge`]).
@@ -91,7 +91,7 @@ pub(crate) struct Precheck {
 
 impl Precheck {
     /// A pre-check holding at most `capacity` keys.
-    pub fn new(capacity: u64) -> Self {
+    pub(crate) fn new(capacity: u64) -> Self {
         Self {
             cache: Cache::new(capacity),
             meters: Meters::new(MIN_RATE),
@@ -101,7 +101,7 @@ impl Precheck {
     /// Counts a check of `counter` at `now` and says whether this instance alone has
     /// used up one of its limits ([`Before::Refused`]), or else whether the store's
     /// answer is to be charged ([`Before::Hot`]).
-    pub fn before(
+    pub(crate) fn before(
         &self,
         counter: CounterKey,
         limits: &[LimitCheck],
@@ -158,7 +158,7 @@ impl Precheck {
     /// Counts a check of `counter` at `now` that was answered before reaching the
     /// pre-check (by the blocked-until cache), so that a key kept refused locally stays
     /// hot and its entry in use.
-    pub fn count(&self, counter: CounterKey, now: Micros) {
+    pub(crate) fn count(&self, counter: CounterKey, now: Micros) {
         self.meters.hot(counter, now);
     }
 
@@ -166,7 +166,7 @@ impl Precheck {
     /// limit), for a call sent at `sent` of a key that [`Self::before`] called hot then
     /// (the meters are not read again: hotness as of the send, a subset of the charges
     /// a later reading would allow, is sound, and spares a cache miss per call).
-    pub fn charge(
+    pub(crate) fn charge(
         &self,
         counter: CounterKey,
         limits: &[LimitCheck],

@@ -7,11 +7,11 @@ use crate::algorithm::Decision;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct HitSplit {
     /// Hits that ended within the limit.
-    pub within_limit: u64,
+    pub(crate) within_limit: u64,
     /// Hits past the near-limit threshold.
-    pub near_limit: u64,
+    pub(crate) near_limit: u64,
     /// Hits past the limit.
-    pub over_limit: u64,
+    pub(crate) over_limit: u64,
 }
 
 /// Splits `hits` as envoyproxy/ratelimit does: the near threshold is

@@ -20,7 +20,7 @@ pin_project_lite::pin_project! {
     /// with [`StoreError::Timeout`]: the store's own timeout may be longer than the
     /// caller is willing to wait. An abandoned Redis call is dropped by the batcher
     /// before it is sent, so it charges nothing.
-    pub struct Within<'a, F> {
+    pub(crate) struct Within<'a, F> {
         #[pin]
         call: F,
         // The deadline, and what the caller allowed (as the timeout error reports it).
@@ -31,7 +31,7 @@ pin_project_lite::pin_project! {
 }
 
 /// `call`, abandoned at `deadline` when there is one.
-pub fn within<F>(deadline: Option<Instant>, metrics: &Metrics, call: F) -> Within<'_, F>
+pub(crate) fn within<F>(deadline: Option<Instant>, metrics: &Metrics, call: F) -> Within<'_, F>
 where
     F: Future<Output = Result<(), StoreError>>,
 {

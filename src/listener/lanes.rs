@@ -23,7 +23,8 @@ const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis
 /// Builds a lane's gRPC router (its services; each lane serves its own copy).
 pub(crate) type MakeRouter = Arc<dyn Fn() -> Router + Send + Sync>;
 
-/// Why lanes could not start or stopped serving.
+/// Why lanes could not start or stopped serving (the bench's ceiling server).
+#[cfg(feature = "bench")]
 #[derive(Debug, thiserror::Error)]
 pub enum LanesError {
     /// A lane's server failed.
@@ -35,7 +36,7 @@ pub enum LanesError {
 }
 
 /// Lanes serving a listener (see [`serve`]).
-pub struct Serving {
+pub(crate) struct Serving {
     lanes: Vec<ServingLane>,
     dealer: tokio::task::JoinHandle<()>,
 }
@@ -49,7 +50,7 @@ struct ServingLane {
 /// Makes every lane serve `make_router()`'s router until `stop` turns true, and starts
 /// a task on the current runtime that accepts on `listener` and deals the connections
 /// in turn. With `tls`, each lane handshakes its own connections.
-pub fn serve(
+pub(crate) fn serve(
     lanes: Lanes,
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,

@@ -6,8 +6,8 @@
 //! slow sockets cannot hold up others and are closed when the timeout passes.
 
 mod incoming;
-pub mod lanes;
-pub mod tls;
+pub(crate) mod lanes;
+pub(crate) mod tls;
 mod verify;
 
 use std::time::Duration;
@@ -30,7 +30,7 @@ pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Completes when the stop flag turns true (or its sender is gone).
-pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
     while !*stop.borrow_and_update() {
         if stop.changed().await.is_err() {
             return;

@@ -17,17 +17,17 @@ use crate::reloading::Reloading;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsSettings {
     /// PEM certificate chain.
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// PEM private key.
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
     /// PEM CA bundle client certificates must chain to (`None`: no client certificate).
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
     /// Allowed client SANs (empty: any certificate from the CA).
     pub client_sans: Vec<String>,
 }
 
 /// Why the TLS files could not be used.
-pub use crate::pem::PemError as TlsError;
+pub(crate) use crate::pem::PemError as TlsError;
 
 // === impl TlsSettings ===
 
@@ -41,7 +41,7 @@ impl TlsSettings {
 }
 
 /// The server TLS configuration, rebuilt when its files change.
-pub struct ReloadingTls {
+pub(crate) struct ReloadingTls {
     settings: TlsSettings,
     files: Reloading<ServerConfig>,
 }
@@ -50,7 +50,7 @@ pub struct ReloadingTls {
 
 impl ReloadingTls {
     /// Loads the files once; an error here stops startup.
-    pub fn load(settings: TlsSettings) -> Result<Self, TlsError> {
+    pub(crate) fn load(settings: TlsSettings) -> Result<Self, TlsError> {
         let paths = settings.paths().map(Path::to_path_buf).collect();
         let files = Reloading::load("gRPC TLS", paths, || build(&settings))?;
         Ok(Self { settings, files })
@@ -58,7 +58,7 @@ impl ReloadingTls {
 
     /// The configuration for a new connection: re-read first if a file changed. A
     /// change that does not load is logged once and the previous configuration kept.
-    pub fn config(&self) -> Arc<ServerConfig> {
+    pub(crate) fn config(&self) -> Arc<ServerConfig> {
         self.files.get(|| build(&self.settings))
     }
 }

@@ -24,7 +24,7 @@ pub(crate) struct SanVerifier {
 
 impl SanVerifier {
     /// Wraps `inner`; `sans` are DNS names or IP addresses (empty: any SAN).
-    pub fn new(inner: Arc<dyn ClientCertVerifier>, sans: &[String]) -> Result<Self, String> {
+    pub(crate) fn new(inner: Arc<dyn ClientCertVerifier>, sans: &[String]) -> Result<Self, String> {
         let allowed = sans
             .iter()
             .map(|san| {

@@ -22,10 +22,10 @@ pub(crate) const MAX_DESCRIPTORS: usize = 1_000_000;
 /// A rule set being built: domains in load order, each a tree of [`Draft`]s.
 #[derive(Default)]
 pub(crate) struct Builder {
-    pub domains: Vec<(Arc<str>, DraftLevel)>,
+    pub(crate) domains: Vec<(Arc<str>, DraftLevel)>,
     domain_index: HashMap<Arc<str>, usize>,
-    pub rules: Vec<Arc<Rule>>,
-    pub errors: Vec<ConfigError>,
+    pub(crate) rules: Vec<Arc<Rule>>,
+    pub(crate) errors: Vec<ConfigError>,
     descriptors: usize,
 }
 

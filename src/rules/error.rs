@@ -73,7 +73,7 @@ impl ConfigError {
     }
 
     /// The name of the file the error is about (the path for I/O errors).
-    pub fn file(&self) -> String {
+    pub(crate) fn file(&self) -> String {
         match self {
             Self::Yaml { file, .. } | Self::Reference { file, .. } | Self::Sluice { file, .. } => {
                 file.clone()
@@ -83,7 +83,7 @@ impl ConfigError {
     }
 
     /// Line and column (1-based) of the error, when the YAML parser gave them.
-    pub fn position(&self) -> (Option<u64>, Option<u64>) {
+    pub(crate) fn position(&self) -> (Option<u64>, Option<u64>) {
         match self {
             Self::Yaml { line, column, .. } => (*line, *column),
             _ => (None, None),
@@ -91,7 +91,7 @@ impl ConfigError {
     }
 
     /// Why the load failed, without the file name (the YAML path is kept).
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self {
             Self::Yaml { message, .. } => format!("error loading config file: {message}"),
             Self::Reference { message, .. } => message.clone(),

@@ -18,36 +18,36 @@ use super::{Entry, MatchStep, Matched, Rule, RuleRef};
 #[derive(Debug, Default)]
 pub(crate) struct Level {
     /// Entry key → the nodes configured for that key at this level.
-    pub keys: HashMap<Box<str>, KeyNodes>,
+    pub(crate) keys: HashMap<Box<str>, KeyNodes>,
 }
 
 /// The nodes of one key at one level.
 #[derive(Debug, Default)]
 pub(crate) struct KeyNodes {
     /// Every node of the key, in config order; the fields below index into it.
-    pub nodes: Vec<Node>,
+    pub(crate) nodes: Vec<Node>,
     /// Configured value → node, for every non-empty value (patterns included: a request
     /// value equal to a pattern matches it exactly, as in the reference).
-    pub exact: HashMap<Box<str>, usize>,
+    pub(crate) exact: HashMap<Box<str>, usize>,
     /// Values containing `*`, in config order.
-    pub wildcards: Vec<usize>,
+    pub(crate) wildcards: Vec<usize>,
     /// The node without a value.
-    pub key_only: Option<usize>,
+    pub(crate) key_only: Option<usize>,
 }
 
 /// One descriptor node of the config.
 #[derive(Debug)]
-pub struct Node {
+pub(crate) struct Node {
     /// The configured value (`""` for key-only; the pattern for wildcards).
-    pub value: Box<str>,
+    pub(crate) value: Box<str>,
     /// The rule at this node, if it has `rate_limit`/`rate_limits`.
-    pub rule: Option<Arc<Rule>>,
+    pub(crate) rule: Option<Arc<Rule>>,
     /// The next level.
-    pub children: Level,
+    pub(crate) children: Level,
     /// `value_to_metric`: the stats key uses the request's value at this level.
-    pub value_to_metric: bool,
+    pub(crate) value_to_metric: bool,
     /// `share_threshold`: every value matching the pattern shares one counter.
-    pub share_threshold: bool,
+    pub(crate) share_threshold: bool,
 }
 
 /// How an entry matched a node.
@@ -101,7 +101,7 @@ impl Level {
 
     /// How each request entry matched, level by level (`NoMatch` from where the walk
     /// stopped on).
-    pub fn trace(&self, entries: &[Entry<'_>]) -> Vec<MatchStep> {
+    pub(crate) fn trace(&self, entries: &[Entry<'_>]) -> Vec<MatchStep> {
         let mut steps = Vec::with_capacity(entries.len());
         let mut level = Some(self);
         for entry in entries {
@@ -120,7 +120,7 @@ impl Level {
     }
 
     /// Matches a descriptor against this (root) level of `domain`.
-    pub fn lookup<'r>(&'r self, domain: &str, entries: &[Entry<'_>]) -> Option<Matched<'r>> {
+    pub(crate) fn lookup<'r>(&'r self, domain: &str, entries: &[Entry<'_>]) -> Option<Matched<'r>> {
         let mut dynamic = false;
         let rule = self.walk(entries, |node, how| {
             dynamic |= match how {

@@ -19,10 +19,10 @@ pub(crate) const MAX_SLIDING_LOG_LIMIT: u32 = 1_000;
 
 /// What a descriptor's `rate_limit`/`rate_limits` compile to.
 pub(crate) struct RuleLimits {
-    pub name: Option<Arc<str>>,
-    pub limits: Vec<Limit>,
-    pub unlimited: bool,
-    pub replaces: Vec<Arc<str>>,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) limits: Vec<Limit>,
+    pub(crate) unlimited: bool,
+    pub(crate) replaces: Vec<Arc<str>>,
 }
 
 /// Compiles the limits of descriptor `raw` at YAML `path`; `None` when it has none or

@@ -22,11 +22,11 @@ pub struct RuleSet {
     /// The compiled rules.
     pub rules: Rules,
     /// 1 for the first successful load, then +1 per successful reload.
-    pub version: u64,
+    pub(crate) version: u64,
     /// SHA-256 (hex) over the names and contents of the files it came from.
-    pub hash: String,
+    pub(crate) hash: String,
     /// When it was loaded.
-    pub loaded_at: SystemTime,
+    pub(crate) loaded_at: SystemTime,
 }
 
 /// What one load attempt did.
@@ -50,26 +50,26 @@ pub enum ReloadOutcome {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct LoadErrorInfo {
     /// The file (relative to the config path) or path the error is about.
-    pub file: String,
+    pub(crate) file: String,
     /// 1-based line, when the parser knows it.
-    pub line: Option<u64>,
+    pub(crate) line: Option<u64>,
     /// 1-based column, when the parser knows it.
-    pub column: Option<u64>,
+    pub(crate) column: Option<u64>,
     /// Why, without the file name.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The full message as logged.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The outcome of load attempts, for `/status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LoadReport {
     /// When the config path was last read, whatever the outcome.
-    pub checked_at: Option<SystemTime>,
+    pub(crate) checked_at: Option<SystemTime>,
     /// When new content was last loaded or rejected.
-    pub changed_at: Option<SystemTime>,
+    pub(crate) changed_at: Option<SystemTime>,
     /// The errors of the last attempt on new content; empty after a success.
-    pub errors: Vec<LoadErrorInfo>,
+    pub(crate) errors: Vec<LoadErrorInfo>,
 }
 
 /// The rule set requests read, and how it was last loaded.
@@ -101,7 +101,7 @@ impl LiveRules {
     }
 
     /// The config path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 

@@ -16,12 +16,12 @@ mod load;
 mod model;
 mod schema;
 mod stats_name;
-pub mod watch;
+pub(crate) mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use error::ConfigError;
+pub(crate) use error::ConfigError;
 pub(crate) use load::read_config_path;
 pub use model::*;
 pub(crate) use stats_name::stats_name;
@@ -82,11 +82,6 @@ impl Rules {
         })
     }
 
-    /// A rule set with no domains: every lookup is [`Lookup::UnknownDomain`].
-    pub fn empty() -> Rules {
-        Rules::default()
-    }
-
     /// The rule that applies to one descriptor of a request to `domain`.
     ///
     /// A `limit_override` (Envoy's per-descriptor `limit`) replaces any configured rule,
@@ -113,7 +108,7 @@ impl Rules {
 
     /// How each entry of a descriptor matched the config tree of `domain`, level by
     /// level; `None` for an unknown domain. For humans (`explain`), not the hot path.
-    pub fn trace(&self, domain: &str, entries: &[Entry<'_>]) -> Option<Vec<MatchStep>> {
+    pub(crate) fn trace(&self, domain: &str, entries: &[Entry<'_>]) -> Option<Vec<MatchStep>> {
         self.domains.get(domain).map(|root| root.trace(entries))
     }
 
@@ -123,7 +118,7 @@ impl Rules {
     }
 
     /// Every compiled rule, domains in load order, descriptors in config order.
-    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+    pub(crate) fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.rules.iter().map(|rule| &**rule)
     }
 

@@ -73,7 +73,7 @@ impl Unit {
 
 /// What a check gets when the store cannot answer in time (DESIGN §7).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FailureMode {
+pub(crate) enum FailureMode {
     /// Allow the request (default).
     #[default]
     Open,
@@ -87,7 +87,7 @@ pub enum FailureMode {
 
 /// Token leasing of a limit (DESIGN §6, layer 3): `lease: off | auto | N`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum LeaseMode {
+pub(crate) enum LeaseMode {
     /// Every check goes to the store (default).
     #[default]
     Off,
@@ -103,12 +103,12 @@ pub(crate) const DEFAULT_LEASE_TTL_MICROS: u64 = 250_000;
 
 /// How a limit is leased.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// Off, auto or a fixed size.
-    pub mode: LeaseMode,
+    pub(crate) mode: LeaseMode,
     /// Longest life of one lease in microseconds (`lease_ttl`, default 250 ms); never
     /// past the end of a fixed or sliding window.
-    pub ttl: u64,
+    pub(crate) ttl: u64,
 }
 
 impl Default for Lease {
@@ -128,18 +128,18 @@ pub struct Limit {
     /// Window length or refill period.
     pub unit: Unit,
     /// Algorithm deciding this limit.
-    pub algorithm: AlgorithmKind,
+    pub(crate) algorithm: AlgorithmKind,
     /// Capacity for token bucket and GCRA; `None` means `requests_per_unit`.
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
     /// What happens to this limit's checks when the store fails.
-    pub failure_mode: FailureMode,
+    pub(crate) failure_mode: FailureMode,
     /// Token leasing (only for a rule's single `rate_limit`).
-    pub lease: Lease,
+    pub(crate) lease: Lease,
 }
 
 impl Limit {
     /// The algorithm parameters of this limit.
-    pub fn quota(&self) -> Quota {
+    pub(crate) fn quota(&self) -> Quota {
         Quota {
             limit: u64::from(self.requests_per_unit),
             period: self.unit.micros(),
@@ -152,15 +152,15 @@ impl Limit {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rule {
     /// Domain the rule belongs to.
-    pub domain: Arc<str>,
+    pub(crate) domain: Arc<str>,
     /// The reference's stats key for this node (`domain.key_value.key2`), used as the
     /// `rule` metric label and in `/rlconfig`.
-    pub stats_key: Arc<str>,
+    pub(crate) stats_key: Arc<str>,
     /// The `rule` metric label: the stats key as the reference names its statistics
     /// ([`stats_name`](crate::rules::stats_name)); the same string for nearly every rule.
-    pub stats_label: Arc<str>,
+    pub(crate) stats_label: Arc<str>,
     /// Where the rule came from, for humans: `file.yaml: descriptors[0].descriptors[1]`.
-    pub config_path: Arc<str>,
+    pub(crate) config_path: Arc<str>,
     /// The limit's `name` (reported in `current_limit.name`), if any.
     pub name: Option<Arc<str>>,
     /// Limits checked all-or-nothing. Empty when `unlimited`.
@@ -170,9 +170,9 @@ pub struct Rule {
     /// Counted and reported, but never refuses.
     pub shadow_mode: bool,
     /// Quota mode: an OVER_LIMIT here does not make the overall code OVER_LIMIT.
-    pub quota_mode: bool,
+    pub(crate) quota_mode: bool,
     /// Names of limits this rule replaces when both match in one request.
-    pub replaces: Vec<Arc<str>>,
+    pub(crate) replaces: Vec<Arc<str>>,
     /// Stats key uses the request's own values (`detailed_metric`).
     pub detailed_metric: bool,
     /// Free-form `metadata` of the rule, as JSON (emitted in dynamic metadata).
@@ -246,7 +246,7 @@ pub struct Matched<'r> {
 
 /// How one request entry matched a level of the config tree (for `explain`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MatchStep {
+pub(crate) enum MatchStep {
     /// The entry's value equals a configured value.
     Exact,
     /// The entry's value matched this wildcard pattern.

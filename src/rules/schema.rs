@@ -55,54 +55,54 @@ const VALID_KEYS: &[&str] = &[
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]
 pub(crate) struct RawRoot {
-    pub domain: Option<String>,
-    pub descriptors: Option<Vec<RawDescriptor>>,
+    pub(crate) domain: Option<String>,
+    pub(crate) descriptors: Option<Vec<RawDescriptor>>,
 }
 
 /// One descriptor node.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]
 pub(crate) struct RawDescriptor {
-    pub key: Option<String>,
-    pub value: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
+    pub(crate) key: Option<String>,
+    pub(crate) value: Option<String>,
+    pub(crate) rate_limit: Option<RawRateLimit>,
     /// Sluice: several limits checked all-or-nothing.
-    pub rate_limits: Option<Vec<RawRateLimit>>,
-    pub descriptors: Option<Vec<RawDescriptor>>,
-    pub shadow_mode: Option<bool>,
-    pub quota_mode: Option<bool>,
-    pub detailed_metric: Option<bool>,
-    pub value_to_metric: Option<bool>,
-    pub share_threshold: Option<bool>,
-    pub metadata: Option<serde_json::Value>,
+    pub(crate) rate_limits: Option<Vec<RawRateLimit>>,
+    pub(crate) descriptors: Option<Vec<RawDescriptor>>,
+    pub(crate) shadow_mode: Option<bool>,
+    pub(crate) quota_mode: Option<bool>,
+    pub(crate) detailed_metric: Option<bool>,
+    pub(crate) value_to_metric: Option<bool>,
+    pub(crate) share_threshold: Option<bool>,
+    pub(crate) metadata: Option<serde_json::Value>,
 }
 
 /// A `rate_limit` block (or one item of `rate_limits`).
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]
 pub(crate) struct RawRateLimit {
-    pub requests_per_unit: Option<u32>,
-    pub unit: Option<String>,
-    pub unlimited: Option<bool>,
-    pub name: Option<String>,
-    pub replaces: Option<Vec<RawReplaces>>,
+    pub(crate) requests_per_unit: Option<u32>,
+    pub(crate) unit: Option<String>,
+    pub(crate) unlimited: Option<bool>,
+    pub(crate) name: Option<String>,
+    pub(crate) replaces: Option<Vec<RawReplaces>>,
     /// Sluice: algorithm name.
-    pub algorithm: Option<String>,
+    pub(crate) algorithm: Option<String>,
     /// Sluice: token bucket / GCRA capacity.
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
     /// Sluice: what happens when the store fails.
-    pub failure_mode: Option<String>,
+    pub(crate) failure_mode: Option<String>,
     /// Sluice: token leasing, `off`, `auto` or a number of units.
-    pub lease: Option<String>,
+    pub(crate) lease: Option<String>,
     /// Sluice: longest life of a lease (`250ms`, `1s`).
-    pub lease_ttl: Option<String>,
+    pub(crate) lease_ttl: Option<String>,
 }
 
 /// One item of `replaces`.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]
 pub(crate) struct RawReplaces {
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// Parser options with the budgets documented in the module comment.

@@ -44,9 +44,9 @@ pub(crate) trait ReloadObserver: Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WatchOptions {
     /// Quiet time after the last file event before reloading.
-    pub debounce: Duration,
+    pub(crate) debounce: Duration,
     /// Period of the content-hash rescan backstop.
-    pub rescan_interval: Duration,
+    pub(crate) rescan_interval: Duration,
 }
 
 impl Default for WatchOptions {
@@ -87,7 +87,7 @@ type Identity = (u64, u64);
 
 impl Reloader {
     /// A reloader for `rules`, reporting to `observer`.
-    pub fn new(
+    pub(crate) fn new(
         rules: Arc<LiveRules>,
         observer: Arc<dyn ReloadObserver>,
         options: WatchOptions,
@@ -117,7 +117,7 @@ impl Reloader {
     }
 
     /// Watches and rescans until `stop` turns true (or its sender is dropped).
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
         let wake = Arc::new(Notify::new());
         let broken = Arc::new(AtomicBool::new(false));
         let mut armed = self.arm(&wake, &broken);

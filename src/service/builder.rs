@@ -27,7 +27,7 @@ pub struct ServiceBuilder<S> {
 impl<S: Store> ServiceBuilder<S> {
     /// A service over `store` under `rules`, with the system clock, default settings and
     /// its own metrics until told otherwise.
-    pub fn new(store: S, rules: Arc<LiveRules>) -> Self {
+    pub(crate) fn new(store: S, rules: Arc<LiveRules>) -> Self {
         Self {
             store,
             rules,

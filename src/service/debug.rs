@@ -75,7 +75,7 @@ pub(crate) struct DebugReports {
 
 impl DebugReports {
     /// Empty reports.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             shadow: Mutex::new(HashMap::new()),
             shadow_dropped: AtomicU64::new(0),

@@ -20,7 +20,7 @@ pub enum ServiceError {
 
 impl ServiceError {
     /// The reference's call statistic this error counts under.
-    pub fn stat(&self) -> &'static str {
+    pub(crate) fn stat(&self) -> &'static str {
         match self {
             Self::InvalidArgument(_) | Self::NoRules => "service_error",
             Self::Store(_) => "store_error",

@@ -3,8 +3,8 @@
 //! Error-to-status mapping lives in [`errors`] alone.
 
 mod builder;
-pub mod debug;
-pub mod errors;
+pub(crate) mod debug;
+pub(crate) mod errors;
 pub mod request;
 pub mod response;
 pub(crate) mod sketch;
@@ -22,10 +22,10 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::live::LiveRules;
 use crate::store::Store;
 use crate::telemetry::Metrics;
-pub use builder::ServiceBuilder;
+pub(crate) use builder::ServiceBuilder;
 use debug::DebugReports;
-pub use errors::ServiceError;
-pub use request::RequestBounds;
+pub(crate) use errors::ServiceError;
+pub(crate) use request::RequestBounds;
 pub use response::{HeaderMode, ResponseOptions};
 
 /// Share of the caller's deadline (`grpc-timeout`) that store calls may use; the rest
@@ -105,7 +105,7 @@ impl<S: Store> Service<S> {
     }
 
     /// Explains `request` (which rule, why, what the store would decide), charging nothing.
-    pub async fn explain(
+    pub(crate) async fn explain(
         &self,
         request: &RateLimitRequest,
     ) -> Result<Vec<Explanation>, ServiceError> {

@@ -13,11 +13,11 @@ use crate::service::ServiceError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestBounds {
     /// Most descriptors in one request.
-    pub max_descriptors: usize,
+    pub(crate) max_descriptors: usize,
     /// Most entries in one descriptor.
-    pub max_entries: usize,
+    pub(crate) max_entries: usize,
     /// Longest key or value, in bytes (also bounds the domain).
-    pub max_value_bytes: usize,
+    pub(crate) max_value_bytes: usize,
 }
 
 impl Default for RequestBounds {

@@ -64,9 +64,9 @@ impl Default for ResponseOptions {
 /// A built response and whether global shadow mode turned OVER_LIMIT into OK.
 pub struct Built {
     /// The wire response.
-    pub response: RateLimitResponse,
+    pub(crate) response: RateLimitResponse,
     /// Global shadow mode let this call through.
-    pub shadowed: bool,
+    pub(crate) shadowed: bool,
 }
 
 /// Assembles the response for `request` from its verdicts.

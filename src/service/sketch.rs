@@ -13,15 +13,15 @@ use std::time::SystemTime;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TopEntry {
     /// Human-readable key (domain and descriptor entries).
-    pub label: String,
+    pub(crate) label: String,
     /// Hits counted (an upper bound: true count ≥ `count - error`).
-    pub count: u64,
+    pub(crate) count: u64,
     /// Hits inherited from the key this one replaced.
-    pub error: u64,
+    pub(crate) error: u64,
     /// When the key entered the table.
-    pub first_seen: SystemTime,
+    pub(crate) first_seen: SystemTime,
     /// When it was last counted.
-    pub last_seen: SystemTime,
+    pub(crate) last_seen: SystemTime,
 }
 
 /// A bounded top-K table keyed by a 128-bit digest.
@@ -43,7 +43,7 @@ pub(crate) struct TopK {
 
 impl TopK {
     /// An empty table of at most `capacity` keys (at least one).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Self {
             capacity,
@@ -105,7 +105,7 @@ impl TopK {
     }
 
     /// Every hit counted since the table was created.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 }

@@ -48,23 +48,23 @@ pub enum Command {
 pub struct ExplainArgs {
     /// Rules file or directory.
     #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
     /// Request domain.
     #[arg(long)]
-    pub domain: String,
+    pub(crate) domain: String,
     /// One descriptor as `key=value,key2=value2` (repeat for several; a value may
     /// contain `=` but not `,`).
     #[arg(long = "descriptor", required = true)]
-    pub descriptors: Vec<String>,
+    pub(crate) descriptors: Vec<String>,
     /// Request-level hits addend.
     #[arg(long, default_value_t = 0)]
-    pub hits_addend: u32,
+    pub(crate) hits_addend: u32,
     /// Merge files of the same domain (the reference's MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
-    pub merge_domains: Option<bool>,
+    pub(crate) merge_domains: Option<bool>,
     /// Print JSON instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Flags of `sluice bench-server`.
@@ -108,122 +108,122 @@ pub struct CheckArgs {
 pub struct ServeArgs {
     /// Rules file or directory [default: config/, or RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY].
     #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Where rules come from: files at --config, or an xDS management server [default: file, or xds with CONFIG_TYPE=GRPC_XDS_SOTW].
     #[arg(long, env = "SLUICE_CONFIG_SOURCE", value_enum)]
-    pub config_source: Option<ConfigSourceKind>,
+    pub(crate) config_source: Option<ConfigSourceKind>,
     /// xDS management server, `host:port` [default: localhost:18000, or CONFIG_GRPC_XDS_SERVER_URL].
     #[arg(long, env = "SLUICE_XDS_SERVER")]
-    pub xds_server: Option<String>,
+    pub(crate) xds_server: Option<String>,
     /// Node id given to the xDS server [default: default, or CONFIG_GRPC_XDS_NODE_ID].
     #[arg(long, env = "SLUICE_XDS_NODE_ID")]
-    pub xds_node_id: Option<String>,
+    pub(crate) xds_node_id: Option<String>,
     /// gRPC listener (RLS and health) [default: 0.0.0.0:8081, or GRPC_HOST:GRPC_PORT].
     #[arg(long, env = "SLUICE_GRPC_ADDR")]
-    pub grpc_addr: Option<SocketAddr>,
+    pub(crate) grpc_addr: Option<SocketAddr>,
     /// Admin HTTP listener [default: 0.0.0.0:8080, or HOST:PORT].
     #[arg(long, env = "SLUICE_HTTP_ADDR")]
-    pub http_addr: Option<SocketAddr>,
+    pub(crate) http_addr: Option<SocketAddr>,
     /// Counter store [default: memory, or redis when REDIS_URL is set (REDIS_TYPE picks the kind)].
     #[arg(long, env = "SLUICE_STORE", value_enum)]
-    pub store: Option<StoreKind>,
+    pub(crate) store: Option<StoreKind>,
     /// Redis URL: `redis://[user:pass@]host:port[/db]`, `rediss://` for TLS; comma-separated seeds for a cluster; `unix:///path` (or the path) for a Unix socket [or REDIS_URL].
     #[arg(long, env = "SLUICE_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
+    pub(crate) redis_url: Option<String>,
     /// Deadline of one Redis store call.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = humantime::parse_duration, default_value = "20ms")]
-    pub redis_timeout: Duration,
+    pub(crate) redis_timeout: Duration,
     /// Longest time the Redis batcher waits for more checks (0: none; a batch takes the
     /// checks queued while its lane was busy).
     #[arg(long, env = "SLUICE_REDIS_BATCH_WINDOW", value_parser = humantime::parse_duration, default_value = "0s")]
-    pub redis_batch_window: Duration,
+    pub(crate) redis_batch_window: Duration,
     /// Most checks in one Redis batch.
     #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = 128)]
-    pub redis_batch_max: usize,
+    pub(crate) redis_batch_max: usize,
     /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
     #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]
-    pub redis_queue: usize,
+    pub(crate) redis_queue: usize,
     /// PEM CA bundle trusted for `rediss://` [default: the system roots].
     #[arg(long, env = "SLUICE_REDIS_TLS_CA")]
-    pub redis_tls_ca: Option<PathBuf>,
+    pub(crate) redis_tls_ca: Option<PathBuf>,
     /// PEM client certificate chain presented to Redis (mutual TLS; needs --redis-tls-key).
     #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
-    pub redis_tls_cert: Option<PathBuf>,
+    pub(crate) redis_tls_cert: Option<PathBuf>,
     /// PEM private key of --redis-tls-cert.
     #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
-    pub redis_tls_key: Option<PathBuf>,
+    pub(crate) redis_tls_key: Option<PathBuf>,
     /// Accept a Redis certificate whose names do not match the URL host (the chain is
     /// still verified). Host names are checked by default.
     #[arg(long, env = "SLUICE_REDIS_TLS_INSECURE_SKIP_HOSTNAME")]
-    pub redis_tls_insecure_skip_hostname: bool,
+    pub(crate) redis_tls_insecure_skip_hostname: bool,
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
-    pub replicas: u32,
+    pub(crate) replicas: u32,
     /// Most limit states the memory store holds before evicting.
     #[arg(long, env = "SLUICE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
-    pub memory_max_keys: usize,
+    pub(crate) memory_max_keys: usize,
     /// gRPC serving threads (one current-thread runtime each, connections dealt in turn;
     /// with Redis each has its own batcher and connections) and the main runtime's worker
     /// threads [default: number of cores].
     #[arg(long, env = "SLUICE_WORKERS")]
-    pub workers: Option<usize>,
+    pub(crate) workers: Option<usize>,
     /// Log format [default: text, or LOG_FORMAT].
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     /// Log filter, e.g. `info` or `sluice=debug` [default: info, or LOG_LEVEL].
     #[arg(long, env = "SLUICE_LOG_LEVEL")]
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// Rate limit headers to add [default: none, or reference with LIMIT_RESPONSE_HEADERS_ENABLED].
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum)]
-    pub response_headers: Option<HeaderMode>,
+    pub(crate) response_headers: Option<HeaderMode>,
     /// Merge files of the same domain [default: false, or MERGE_DOMAIN_CONFIG].
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
-    pub merge_domains: Option<bool>,
+    pub(crate) merge_domains: Option<bool>,
     /// Never refuse: report OVER_LIMIT per descriptor but answer OK [or SHADOW_MODE].
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
-    pub shadow_mode: Option<bool>,
+    pub(crate) shadow_mode: Option<bool>,
     /// Treat every descriptor as a quota descriptor [or QUOTA_MODE].
     #[arg(long, env = "SLUICE_QUOTA_MODE")]
-    pub quota_mode: Option<bool>,
+    pub(crate) quota_mode: Option<bool>,
     /// Near-limit threshold as a fraction of the limit [default: 0.8, or NEAR_LIMIT_RATIO].
     #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO")]
-    pub near_limit_ratio: Option<f32>,
+    pub(crate) near_limit_ratio: Option<f32>,
     /// Describe the request in dynamic metadata [or RESPONSE_DYNAMIC_METADATA].
     #[arg(long, env = "SLUICE_DYNAMIC_METADATA")]
-    pub dynamic_metadata: Option<bool>,
+    pub(crate) dynamic_metadata: Option<bool>,
     /// When one descriptor would go over, charge no other descriptor of the request [or STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT].
     #[arg(long, env = "SLUICE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
-    pub stop_increment_when_over_limit: Option<bool>,
+    pub(crate) stop_increment_when_over_limit: Option<bool>,
     /// How often the config path is re-read (content-hash compared) as a backstop to
     /// the file watcher.
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
-    pub reload_interval: Duration,
+    pub(crate) reload_interval: Duration,
     /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
     /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT].
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    pub(crate) otlp_endpoint: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
-    pub drain_delay: Duration,
+    pub(crate) drain_delay: Duration,
     /// After SIGTERM: longest wait for in-flight calls.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
-    pub drain_timeout: Duration,
+    pub(crate) drain_timeout: Duration,
     /// Serve `POST /explain`, `/debug/shadow` and `/debug/hotkeys`, which show descriptor
     /// values (user ids, IPs).
     #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
-    pub debug_endpoints: bool,
+    pub(crate) debug_endpoints: bool,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
-    pub max_descriptors: usize,
+    pub(crate) max_descriptors: usize,
     /// Most entries in one descriptor.
     #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
-    pub max_entries: usize,
+    pub(crate) max_entries: usize,
     /// Longest descriptor key or value, in bytes.
     #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = 1024)]
-    pub max_value_bytes: usize,
+    pub(crate) max_value_bytes: usize,
     /// Largest gRPC request message, in bytes.
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
-    pub max_message_bytes: usize,
+    pub(crate) max_message_bytes: usize,
     /// Resolve the settings and validate the rules as `serve` would, print what
     /// `sluice check` prints, then exit (0 when both are valid) without serving.
     /// Used by deployment checks (the Helm chart test) to prove a container's arguments.
@@ -231,7 +231,7 @@ pub struct ServeArgs {
     pub check_config_only: bool,
     /// gRPC TLS and mTLS.
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub(crate) tls: TlsArgs,
 }
 
 /// Where `serve` gets its rules.
@@ -248,14 +248,14 @@ pub enum ConfigSourceKind {
 pub struct TlsArgs {
     /// Serve gRPC over TLS with this PEM certificate chain [or GRPC_SERVER_TLS_CERT with GRPC_SERVER_USE_TLS].
     #[arg(long, env = "SLUICE_GRPC_TLS_CERT")]
-    pub grpc_tls_cert: Option<PathBuf>,
+    pub(crate) grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of the gRPC certificate [or GRPC_SERVER_TLS_KEY].
     #[arg(long, env = "SLUICE_GRPC_TLS_KEY")]
-    pub grpc_tls_key: Option<PathBuf>,
+    pub(crate) grpc_tls_key: Option<PathBuf>,
     /// Require client certificates issued by this PEM CA bundle (mTLS) [or GRPC_CLIENT_TLS_CACERT].
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA")]
-    pub grpc_tls_client_ca: Option<PathBuf>,
+    pub(crate) grpc_tls_client_ca: Option<PathBuf>,
     /// Accept only client certificates with one of these DNS or IP SANs (comma list) [or GRPC_CLIENT_TLS_SAN].
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_SAN", value_delimiter = ',')]
-    pub grpc_tls_client_san: Vec<String>,
+    pub(crate) grpc_tls_client_san: Vec<String>,
 }

@@ -11,7 +11,7 @@ use super::{invalid, SettingsError};
 
 /// The rules path: the flag, else `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`
 /// (the last defaulting to `config`), else `config/`.
-pub fn config_path(args: &ServeArgs, env: Reference<'_>) -> PathBuf {
+pub(crate) fn config_path(args: &ServeArgs, env: Reference<'_>) -> PathBuf {
     if let Some(path) = &args.config {
         return path.clone();
     }
@@ -30,7 +30,7 @@ pub fn config_path(args: &ServeArgs, env: Reference<'_>) -> PathBuf {
 }
 
 /// The gRPC and admin addresses.
-pub fn addresses(
+pub(crate) fn addresses(
     args: &ServeArgs,
     env: Reference<'_>,
 ) -> Result<(SocketAddr, SocketAddr), SettingsError> {

@@ -5,10 +5,10 @@
 //! variables without meaning here are accepted and reported once as ignored. The
 //! command line itself is [`cli`]; each concern resolves in its own module.
 
-pub mod cli;
+pub(crate) mod cli;
 mod listener;
-pub mod redis;
-pub mod reference;
+pub(crate) mod redis;
+pub(crate) mod reference;
 mod service;
 mod tls;
 mod xds;
@@ -18,8 +18,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[cfg(feature = "bench")]
-pub use cli::{BenchMemoryArgs, BenchServerArgs};
 pub use cli::{CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, ServeArgs, TlsArgs};
 pub(crate) use reference::parse_go_bool;
 pub use xds::ConfigSource;
@@ -33,7 +31,7 @@ use reference::{Env, Reference};
 
 /// Where counters live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreKind {
+pub(crate) enum StoreKind {
     /// In this process's memory (one instance).
     #[default]
     Memory,
@@ -57,9 +55,9 @@ pub struct Settings {
     /// Admin listener address.
     pub http_addr: SocketAddr,
     /// Counter store.
-    pub store: StoreKind,
+    pub(crate) store: StoreKind,
     /// Memory store capacity.
-    pub memory_max_keys: usize,
+    pub(crate) memory_max_keys: usize,
     /// How to reach Redis (used by the Redis store kinds).
     pub redis: RedisOptions,
     /// Worker threads (`None`: one per core).
@@ -77,19 +75,19 @@ pub struct Settings {
     /// Request bounds.
     pub bounds: RequestBounds,
     /// Largest gRPC message.
-    pub max_message_bytes: usize,
+    pub(crate) max_message_bytes: usize,
     /// Backstop rescan period.
-    pub reload_interval: Duration,
+    pub(crate) reload_interval: Duration,
     /// Where traces are exported, if anywhere.
     pub otlp_endpoint: Option<String>,
     /// Readiness-false period before closing listeners.
-    pub drain_delay: Duration,
+    pub(crate) drain_delay: Duration,
     /// Longest drain.
-    pub drain_timeout: Duration,
+    pub(crate) drain_timeout: Duration,
     /// Serve the endpoints that reveal descriptor values.
-    pub debug_endpoints: bool,
+    pub(crate) debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
-    pub ignored_env: Vec<String>,
+    pub(crate) ignored_env: Vec<String>,
     /// gRPC TLS (`None`: plaintext).
     pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }
@@ -98,11 +96,11 @@ pub struct Settings {
 #[derive(Debug)]
 pub struct SettingsError {
     /// Variable or flag name.
-    pub name: String,
+    pub(crate) name: String,
     /// What was given; empty when the error is about a combination of settings.
-    pub value: String,
+    pub(crate) value: String,
     /// Why it is wrong.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl fmt::Display for SettingsError {

@@ -9,7 +9,7 @@ use crate::store::redis::client::unix_socket_url;
 use crate::store::redis::{RedisMode, RedisOptions, RedisTls};
 
 /// The store kind and the Redis options (used by the Redis kinds only).
-pub fn store(
+pub(crate) fn store(
     args: &ServeArgs,
     env: Reference<'_>,
 ) -> Result<(StoreKind, RedisOptions), SettingsError> {

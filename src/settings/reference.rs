@@ -53,30 +53,30 @@ pub(crate) fn ignored_set(env: Env<'_>) -> Vec<String> {
 
 /// Reads reference variables from an environment.
 #[derive(Clone, Copy)]
-pub struct Reference<'a> {
+pub(crate) struct Reference<'a> {
     env: Env<'a>,
 }
 
 impl<'a> Reference<'a> {
     /// Reads from `env`.
-    pub fn new(env: Env<'a>) -> Self {
+    pub(crate) fn new(env: Env<'a>) -> Self {
         Self { env }
     }
 
     /// The variable `name`, if set.
-    pub fn get(&self, name: &str) -> Option<String> {
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
         (self.env)(name)
     }
 
     /// The boolean variable `name`, if set.
-    pub fn bool(&self, name: &str) -> Result<Option<bool>, SettingsError> {
+    pub(crate) fn bool(&self, name: &str) -> Result<Option<bool>, SettingsError> {
         self.get(name)
             .map(|value| parse_go_bool(name, &value))
             .transpose()
     }
 
     /// A flag's value when given, else the boolean variable `name`, else false.
-    pub fn pick(&self, flag: Option<bool>, name: &str) -> Result<bool, SettingsError> {
+    pub(crate) fn pick(&self, flag: Option<bool>, name: &str) -> Result<bool, SettingsError> {
         match flag {
             Some(value) => Ok(value),
             None => Ok(self.bool(name)?.unwrap_or(false)),

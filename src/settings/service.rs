@@ -36,7 +36,10 @@ pub(crate) fn logging(
 }
 
 /// Response shaping.
-pub fn response(args: &ServeArgs, env: Reference<'_>) -> Result<ResponseOptions, SettingsError> {
+pub(crate) fn response(
+    args: &ServeArgs,
+    env: Reference<'_>,
+) -> Result<ResponseOptions, SettingsError> {
     let header_mode = match args.response_headers {
         Some(mode) => mode,
         None if env.bool("LIMIT_RESPONSE_HEADERS_ENABLED")?.unwrap_or(false) => {
@@ -63,7 +66,10 @@ pub fn response(args: &ServeArgs, env: Reference<'_>) -> Result<ResponseOptions,
 }
 
 /// The limiter's request semantics.
-pub fn limiter(args: &ServeArgs, env: Reference<'_>) -> Result<LimiterSettings, SettingsError> {
+pub(crate) fn limiter(
+    args: &ServeArgs,
+    env: Reference<'_>,
+) -> Result<LimiterSettings, SettingsError> {
     Ok(LimiterSettings {
         near_limit_ratio: near_limit_ratio(args, env)?,
         stop_increment_when_over_limit: env.pick(

@@ -9,7 +9,10 @@ use super::SettingsError;
 use crate::listener::tls::TlsSettings;
 
 /// The gRPC TLS settings (`None`: plaintext gRPC). Flags win.
-pub fn grpc_tls(args: &TlsArgs, env: Reference<'_>) -> Result<Option<TlsSettings>, SettingsError> {
+pub(crate) fn grpc_tls(
+    args: &TlsArgs,
+    env: Reference<'_>,
+) -> Result<Option<TlsSettings>, SettingsError> {
     let use_tls = env.bool("GRPC_SERVER_USE_TLS")?.unwrap_or(false);
     let reference = |name: &str| {
         env.get(name)

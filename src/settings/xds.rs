@@ -21,7 +21,10 @@ pub enum ConfigSource {
 
 /// The config source: the flag, else `CONFIG_TYPE` (`FILE` or `GRPC_XDS_SOTW`; any
 /// other value is refused, since serving files instead would limit nothing).
-pub fn config_source(args: &ServeArgs, env: Reference<'_>) -> Result<ConfigSource, SettingsError> {
+pub(crate) fn config_source(
+    args: &ServeArgs,
+    env: Reference<'_>,
+) -> Result<ConfigSource, SettingsError> {
     let kind = match (args.config_source, env.get("CONFIG_TYPE")) {
         (Some(kind), _) => kind,
         (None, None) => ConfigSourceKind::File,

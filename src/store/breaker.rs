@@ -19,15 +19,15 @@ pub(crate) const PROBE_STALE: Duration = Duration::from_secs(1);
 
 /// When a breaker opens and how long it stays open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BreakerSettings {
+pub(crate) struct BreakerSettings {
     /// Consecutive failures that open the breaker.
-    pub failures: u32,
+    pub(crate) failures: u32,
     /// Those failures must fall within this span.
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// First open period.
-    pub backoff: Duration,
+    pub(crate) backoff: Duration,
     /// Longest open period (the backoff doubles after each failed probe).
-    pub max_backoff: Duration,
+    pub(crate) max_backoff: Duration,
 }
 
 impl Default for BreakerSettings {
@@ -56,7 +56,7 @@ pub(crate) enum BreakerState {
 
 impl BreakerState {
     /// Lower-case name for `/status`, metrics and logs.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Closed => "closed",
             Self::Open => "open",
@@ -77,11 +77,11 @@ impl BreakerState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Transition {
     /// State before.
-    pub from: BreakerState,
+    pub(crate) from: BreakerState,
     /// State after.
-    pub to: BreakerState,
+    pub(crate) to: BreakerState,
     /// How long the breaker stays open (for a transition to `Open`).
-    pub backoff: Duration,
+    pub(crate) backoff: Duration,
 }
 
 /// One circuit breaker (see the module documentation).
@@ -114,18 +114,18 @@ struct Inner {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BreakerView {
     /// State now.
-    pub state: BreakerState,
+    pub(crate) state: BreakerState,
     /// Consecutive failures counted.
-    pub failures: u32,
+    pub(crate) failures: u32,
     /// Time until an open breaker probes.
-    pub retry_in: Option<Duration>,
+    pub(crate) retry_in: Option<Duration>,
 }
 
 // === impl Breaker ===
 
 impl Breaker {
     /// A closed breaker.
-    pub fn new(settings: BreakerSettings) -> Self {
+    pub(crate) fn new(settings: BreakerSettings) -> Self {
         Self {
             settings,
             state: AtomicU8::new(BreakerState::Closed as u8),
@@ -140,13 +140,13 @@ impl Breaker {
     }
 
     /// The state now.
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         BreakerState::from_u8(self.state.load(Ordering::Acquire))
     }
 
     /// Whether a call may go to the store at `now`; may move an open breaker to
     /// half-open (the call is then the probe).
-    pub fn allow(&self, now: Instant) -> (bool, Option<Transition>) {
+    pub(crate) fn allow(&self, now: Instant) -> (bool, Option<Transition>) {
         if self.state() == BreakerState::Closed {
             return (true, None);
         }
@@ -224,7 +224,7 @@ impl Breaker {
     }
 
     /// A snapshot at `now`.
-    pub fn view(&self, now: Instant) -> BreakerView {
+    pub(crate) fn view(&self, now: Instant) -> BreakerView {
         let inner = self.lock();
         let state = self.state();
         BreakerView {

@@ -77,9 +77,9 @@ impl CounterKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct LimitKey {
     /// The descriptor's counter key.
-    pub counter: CounterKey,
+    pub(crate) counter: CounterKey,
     /// Position of the limit within the rule (0 for single-limit rules).
-    pub index: u32,
+    pub(crate) index: u32,
 }
 
 /// The unambiguous encoding that is hashed: a version tag, then the domain, the entry

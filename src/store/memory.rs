@@ -94,18 +94,9 @@ impl MemoryStore {
     }
 
     /// Number of limit states held now (expired ones included until swept).
-    pub fn len(&self) -> usize {
+    #[cfg(feature = "bench")]
+    pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|shard| lock(shard).len()).sum()
-    }
-
-    /// Whether no state is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Live entries evicted so far because the store was full.
-    pub fn evictions(&self) -> u64 {
-        self.evictions.get()
     }
 
     /// Drops every entry whose state is back to fresh. Called periodically by the server.

@@ -2,8 +2,8 @@
 //! shares counters between instances behind the same [`Store`] trait. A store knows keys, algorithms and time; it
 //! knows nothing of rules, requests or responses.
 
-pub mod breaker;
-pub mod key;
+pub(crate) mod breaker;
+pub(crate) mod key;
 pub mod memory;
 pub mod redis;
 
@@ -104,7 +104,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Short, bounded label for metrics (`sluice_store_errors_total{kind}`).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Timeout(_) => "timeout",
             Self::Unavailable(_) => "unavailable",
@@ -172,12 +172,12 @@ pub trait Store: Send + Sync + 'static {
 pub struct StoreStatus {
     /// `ok`, `degraded` (some node's breaker is not closed, or some node is not
     /// connected) or `down` (no node connected, or every breaker open).
-    pub health: &'static str,
+    pub(crate) health: &'static str,
     /// Breaker state (JSON), `null` for stores without one.
-    pub breaker: serde_json::Value,
+    pub(crate) breaker: serde_json::Value,
     /// How the Redis store runs its Lua code: `functions` (`FCALL`) or `scripts`
     /// (`EVALSHA`, once a node refused functions); `None` for other stores.
-    pub lua: Option<&'static str>,
+    pub(crate) lua: Option<&'static str>,
 }
 
 impl Default for StoreStatus {

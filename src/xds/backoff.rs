@@ -5,16 +5,16 @@ use std::time::Duration;
 
 /// How waits between connection attempts grow.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The first wait (`XDS_CLIENT_BACKOFF_INITIAL_INTERVAL`, default 10 s).
-    pub initial: Duration,
+    pub(crate) initial: Duration,
     /// The longest wait (`XDS_CLIENT_BACKOFF_MAX_INTERVAL`, default 60 s).
-    pub max: Duration,
+    pub(crate) max: Duration,
     /// Each wait is drawn from `wait × (1 ± random_factor)`
     /// (`XDS_CLIENT_BACKOFF_RANDOM_FACTOR`, default 0.5, within 0–1).
-    pub random_factor: f64,
+    pub(crate) random_factor: f64,
     /// Whether waits are spread at all (`XDS_CLIENT_BACKOFF_JITTER`, default true).
-    pub jitter: bool,
+    pub(crate) jitter: bool,
 }
 
 impl Default for Backoff {

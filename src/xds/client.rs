@@ -52,7 +52,7 @@ enum StreamError {
 impl XdsClient {
     /// A client loading into `rules`, reporting loads to `observer` and its state to
     /// `state`.
-    pub fn new(
+    pub(crate) fn new(
         settings: XdsSettings,
         rules: Arc<LiveRules>,
         observer: Arc<dyn ReloadObserver>,
@@ -68,7 +68,7 @@ impl XdsClient {
 
     /// Streams until `stop` turns true: a stream that ends or fails is opened again
     /// after the back-off; the rules loaded so far keep serving meanwhile.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
         tracing::info!(server = %self.settings.server, node = %self.settings.node_id, "xDS: subscribing to rate limit configs");
         // Streams that ended or failed since the last response.
         let mut broken: u32 = 0;

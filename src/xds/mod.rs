@@ -9,7 +9,7 @@
 //! reason, and the previous rules keep serving. Disconnected, the last good rules keep
 //! serving and the client reconnects with [`backoff`].
 
-pub mod backoff;
+pub(crate) mod backoff;
 mod client;
 mod connect;
 mod resource;
@@ -18,7 +18,7 @@ mod state;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use backoff::Backoff;
+pub(crate) use backoff::Backoff;
 pub(crate) use client::XdsClient;
 pub use resource::TYPE_URL;
 pub(crate) use state::XdsState;
@@ -29,33 +29,33 @@ pub struct XdsSettings {
     /// `host:port` of the management server (`CONFIG_GRPC_XDS_SERVER_URL`).
     pub server: String,
     /// The node id the server keys its snapshots by (`CONFIG_GRPC_XDS_NODE_ID`).
-    pub node_id: String,
+    pub(crate) node_id: String,
     /// Node metadata, string values (`CONFIG_GRPC_XDS_NODE_METADATA`).
-    pub node_metadata: Vec<(String, String)>,
+    pub(crate) node_metadata: Vec<(String, String)>,
     /// Headers sent with the stream (`CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`).
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// TLS to the server (`None`: plaintext).
-    pub tls: Option<XdsTls>,
+    pub(crate) tls: Option<XdsTls>,
     /// Wait after a connection attempt fails, spread by ±50 %
     /// (`CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`, default 3 s).
-    pub connect_retry: Duration,
+    pub(crate) connect_retry: Duration,
     /// Waits before opening a stream again after one ends or fails.
-    pub backoff: Backoff,
+    pub(crate) backoff: Backoff,
     /// Ready before the first configuration arrives
     /// (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
-    pub force_start: bool,
+    pub(crate) force_start: bool,
 }
 
 /// TLS to the management server. The files are read at each connection, so rotated
 /// certificates are used on the next one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct XdsTls {
+pub(crate) struct XdsTls {
     /// PEM CA bundle the server's certificate must chain to (`None`: system roots).
-    pub ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     /// PEM client certificate chain (mutual TLS).
-    pub cert: Option<PathBuf>,
+    pub(crate) cert: Option<PathBuf>,
     /// PEM private key of `cert`.
-    pub key: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
     /// Name the server's certificate must carry (`None`: the host of the URL).
-    pub san: Option<String>,
+    pub(crate) san: Option<String>,
 }

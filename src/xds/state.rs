@@ -26,39 +26,39 @@ pub(crate) struct XdsState {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub(crate) struct XdsStatus {
     /// Whether a stream is open.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// Connection attempts that failed or streams that ended, in a row.
-    pub failures: u32,
+    pub(crate) failures: u32,
     /// The last error of the connection, if any.
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     /// The version of the last accepted response.
-    pub acked_version: Option<String>,
+    pub(crate) acked_version: Option<String>,
     /// When it was accepted (RFC 3339).
-    pub acked_at: Option<String>,
+    pub(crate) acked_at: Option<String>,
     /// The last rejected response, and why.
-    pub last_nack: Option<Nack>,
+    pub(crate) last_nack: Option<Nack>,
     /// Responses received.
-    pub responses: u64,
+    pub(crate) responses: u64,
 }
 
 /// A rejected response.
 #[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct Nack {
     /// The response's version.
-    pub version: String,
+    pub(crate) version: String,
     /// The response's nonce.
-    pub nonce: String,
+    pub(crate) nonce: String,
     /// Why it was rejected (sent as the NACK's error detail).
-    pub reason: String,
+    pub(crate) reason: String,
     /// When (RFC 3339).
-    pub at: String,
+    pub(crate) at: String,
 }
 
 // === impl XdsState ===
 
 impl XdsState {
     /// A state for a client of `server`, counted in `metrics`.
-    pub fn new(server: &str, metrics: &Metrics) -> Arc<Self> {
+    pub(crate) fn new(server: &str, metrics: &Metrics) -> Arc<Self> {
         Arc::new(Self {
             server: server.to_owned(),
             status: Mutex::new(XdsStatus::default()),
@@ -68,22 +68,22 @@ impl XdsState {
     }
 
     /// The management server.
-    pub fn server(&self) -> &str {
+    pub(crate) fn server(&self) -> &str {
         &self.server
     }
 
     /// A copy of the state.
-    pub fn status(&self) -> XdsStatus {
+    pub(crate) fn status(&self) -> XdsStatus {
         self.lock().clone()
     }
 
     /// The version of the last accepted response (empty before the first).
-    pub fn acked_version(&self) -> String {
+    pub(crate) fn acked_version(&self) -> String {
         self.lock().acked_version.clone().unwrap_or_default()
     }
 
     /// A stream is open.
-    pub fn connected(&self) {
+    pub(crate) fn connected(&self) {
         let mut status = self.lock();
         status.connected = true;
         status.failures = 0;
@@ -92,7 +92,7 @@ impl XdsState {
     }
 
     /// The connection failed or the stream ended.
-    pub fn disconnected(&self, error: String) {
+    pub(crate) fn disconnected(&self, error: String) {
         let mut status = self.lock();
         status.connected = false;
         status.failures = status.failures.saturating_add(1);
@@ -101,7 +101,7 @@ impl XdsState {
     }
 
     /// A response was accepted.
-    pub fn acked(&self, version: &str) {
+    pub(crate) fn acked(&self, version: &str) {
         let mut status = self.lock();
         status.responses += 1;
         status.acked_version = Some(version.to_owned());
@@ -112,7 +112,7 @@ impl XdsState {
     }
 
     /// A response was rejected.
-    pub fn nacked(&self, version: &str, nonce: &str, reason: &str) {
+    pub(crate) fn nacked(&self, version: &str, nonce: &str, reason: &str) {
         let mut status = self.lock();
         status.responses += 1;
         status.last_nack = Some(Nack {

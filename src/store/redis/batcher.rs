@@ -40,26 +40,26 @@ use crate::algorithm::Decision;
 use crate::store::{StoreCheck, StoreError};
 
 /// Most batches in flight at once.
-pub const MAX_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
 /// Jobs a batch vector first has room for.
 const TYPICAL_BATCH: usize = 16;
 
 /// A request's checks waiting for a batch.
-pub struct Job {
+pub(crate) struct Job {
     /// The checks, in request order.
-    pub checks: Vec<StoreCheck>,
+    pub(crate) checks: Vec<StoreCheck>,
     /// Charge (`true`) or peek.
-    pub commit: bool,
+    pub(crate) commit: bool,
     /// The caller's decisions so far; the job's (one per limit, in order) are appended
     /// and the vector goes back through `reply`.
-    pub decisions: Vec<Decision>,
+    pub(crate) decisions: Vec<Decision>,
     /// Where the decisions go, with the outcome; taken when answered. Closed
     /// when the caller gave up (its own deadline): such a job is never sent.
-    pub reply: Option<oneshot::Sender<JobAnswer>>,
+    pub(crate) reply: Option<oneshot::Sender<JobAnswer>>,
     /// By this instant the job is answered: past it, it is not sent, and if its batch
     /// is still out it is answered with a timeout.
-    pub deadline: Instant,
+    pub(crate) deadline: Instant,
 }
 
 /// A job's answer: its decisions vector (filled where its checks were decided) and
@@ -101,7 +101,7 @@ pub(crate) fn slot_of(nodes: &Nodes, check: &StoreCheck) -> u16 {
 }
 
 /// Collects jobs into batches until every sender is gone (the store was dropped).
-pub async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
+pub(crate) async fn collect(mut jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     while let Some(mut first) = jobs.recv().await {
         // No room among the batches in flight: wait, but not past the job's deadline

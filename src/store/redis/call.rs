@@ -23,19 +23,19 @@ use crate::telemetry::Metrics;
 
 /// What every call of a backend (one lane's, or the main one) needs: its nodes, the
 /// shared breakers, its deadline and batching limits, metrics.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The node of each slot, with its client.
-    pub nodes: Arc<Nodes>,
+    pub(crate) nodes: Arc<Nodes>,
     /// Circuit breakers, fed with every script call's outcome (shared by every lane).
-    pub health: Arc<Health>,
+    pub(crate) health: Arc<Health>,
     /// Deadline of one batch's round trip.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Longest wait for more jobs.
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// Most checks in one batch.
-    pub max: usize,
+    pub(crate) max: usize,
     /// Batch size and store metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 #[cfg(feature = "test-hooks")]

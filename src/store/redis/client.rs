@@ -79,11 +79,11 @@ impl std::fmt::Debug for RedisOptions {
 }
 
 /// Most commands waiting in fred's own queue (for example while reconnecting).
-pub const COMMAND_BUFFER: usize = 16_384;
+pub(crate) const COMMAND_BUFFER: usize = 16_384;
 
 /// Builds and starts (in the background) a client for `config` (from [`config`]), with
 /// the settings of `options` that every client shares.
-pub fn connect(mut config: Config, options: &RedisOptions) -> Result<Client, StoreError> {
+pub(crate) fn connect(mut config: Config, options: &RedisOptions) -> Result<Client, StoreError> {
     // Redis absent at startup: keep retrying in the background instead of giving up
     // after the first attempt (the reference crash-loops there).
     config.fail_fast = false;
@@ -115,14 +115,14 @@ pub fn connect(mut config: Config, options: &RedisOptions) -> Result<Client, Sto
 
 /// `config` aimed at the one node `server` (a cluster primary), keeping its credentials
 /// and TLS settings.
-pub fn node_config(config: &Config, server: Server) -> Config {
+pub(crate) fn node_config(config: &Config, server: Server) -> Config {
     let mut config = config.clone();
     config.server = ServerConfig::Centralized { server };
     config
 }
 
 /// The seed nodes of a cluster configuration (empty for other deployments).
-pub fn seeds(config: &Config) -> Vec<Server> {
+pub(crate) fn seeds(config: &Config) -> Vec<Server> {
     match &config.server {
         ServerConfig::Clustered { hosts, .. } => hosts.clone(),
         _ => Vec::new(),
@@ -130,7 +130,7 @@ pub fn seeds(config: &Config) -> Vec<Server> {
 }
 
 /// fred configuration for `options`.
-pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
+pub(crate) fn config(options: &RedisOptions) -> Result<Config, StoreError> {
     let bad = |reason: &str| StoreError::Protocol(format!("redis url: {reason}"));
     if let Some(url) = unix_socket_url(&options.url) {
         return unix_config(&url, options);
@@ -242,7 +242,7 @@ pub fn config(options: &RedisOptions) -> Result<Config, StoreError> {
 /// A `--redis-url` item that cannot be used: which, credentials masked, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("redis url item {position} `{item}`: {problem}")]
-pub struct UrlError {
+pub(crate) struct UrlError {
     /// Its place in the comma-separated list, from 1.
     position: usize,
     /// The item as [`mask_url`] shows it.
@@ -253,7 +253,7 @@ pub struct UrlError {
 
 /// What is wrong with a `--redis-url` item.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum UrlProblem {
+pub(crate) enum UrlProblem {
     /// Not a URL at all (the item is not shown: it may hold a password anywhere).
     #[error("not a URL ({0})")]
     Syntax(#[from] url::ParseError),
@@ -416,7 +416,7 @@ fn decoded(part: &str, what: &'static str) -> Result<Option<String>, UrlProblem>
 /// fred's URL for the Unix domain socket `url` names, if it names one:
 /// `unix:///path`, `redis+unix:///path` (or `valkey+unix://`), or a bare absolute path
 /// (the reference's `REDIS_SOCKET_TYPE=unix` form).
-pub fn unix_socket_url(url: &str) -> Option<String> {
+pub(crate) fn unix_socket_url(url: &str) -> Option<String> {
     let url = url.trim();
     if url.starts_with('/') {
         let mut socket = Url::parse("redis+unix://").ok()?;
@@ -493,7 +493,7 @@ fn apply_auth(config: &mut Config, options: &RedisOptions) {
 }
 
 /// Classes a fred error; `timeout` is the deadline that applied.
-pub fn classify(error: &FredError, timeout: Duration) -> StoreError {
+pub(crate) fn classify(error: &FredError, timeout: Duration) -> StoreError {
     let details = error.details();
     let starts = |prefix: &str| details.starts_with(prefix);
     match error.kind() {
@@ -544,13 +544,13 @@ fn is_transient_reply(details: &str) -> bool {
 
 /// Whether the error is Redis saying it does not know the script (after a restart or
 /// a failover): load it and run it again.
-pub fn is_noscript(error: &FredError) -> bool {
+pub(crate) fn is_noscript(error: &FredError) -> bool {
     error.details().starts_with("NOSCRIPT")
 }
 
 /// Where a cluster node sent a call that it did not run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Redirect {
+pub(crate) enum Redirect {
     /// `MOVED <slot> <host:port>`: the slot lives on that node now.
     Moved(Server),
     /// `ASK <slot> <host:port>`: the slot is being migrated to that node, which takes the
@@ -559,7 +559,7 @@ pub enum Redirect {
 }
 
 /// The redirect in a `MOVED` or `ASK` reply, if the error is one.
-pub fn redirect_of(error: &FredError) -> Option<Redirect> {
+pub(crate) fn redirect_of(error: &FredError) -> Option<Redirect> {
     let details = error.details();
     let (kind, rest) = details.split_once(' ')?;
     let mut words = rest.split_whitespace();
@@ -602,7 +602,7 @@ pub fn mask_url(url: &str) -> String {
 /// log without flooding it, and counts each in `sluice_store_errors_total{kind}` (a
 /// wrong password shows as `auth` there even though calls only time out). Ends when the
 /// client is dropped.
-pub fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Metrics>) {
+pub(crate) fn log_connection_errors(client: &Client, timeout: Duration, metrics: Arc<Metrics>) {
     let last: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::default();
     let _task = client.on_error(move |(error, server)| {
         let last = last.clone();

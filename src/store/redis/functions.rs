@@ -30,7 +30,7 @@ use super::script::{self, Entry};
 /// The library's code and the names its entry points are called by.
 pub(crate) struct Library {
     /// What `FUNCTION LOAD` is sent.
-    pub code: Value,
+    pub(crate) code: Value,
     /// The function that decides checks (`scripts/main.lua`).
     check: Value,
     /// The function that grants leases (`scripts/lease.lua`).
@@ -73,7 +73,7 @@ impl Library {
     }
 
     /// The function that runs `entry`.
-    pub fn function(&self, entry: Entry) -> &Value {
+    pub(crate) fn function(&self, entry: Entry) -> &Value {
         match entry {
             Entry::Check => &self.check,
             Entry::Lease => &self.lease,
@@ -85,7 +85,7 @@ impl Library {
 /// `EVALSHA` until one of its clients connects again (shared by every lane's client of
 /// the node, through [`Scripting`]).
 #[derive(Debug, Default)]
-pub struct NodeLua {
+pub(crate) struct NodeLua {
     /// Set while calls go as `EVALSHA`.
     evalsha: AtomicBool,
     /// Set once the fallback was logged as a warning (later ones are logged at debug).
@@ -95,7 +95,7 @@ pub struct NodeLua {
 /// The way calls go at one moment (read once per step, so that what is sent and how its
 /// answer is read agree).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lua {
+pub(crate) enum Lua {
     /// The function library, by `FCALL`.
     Functions,
     /// The scripts, by `EVALSHA`.
@@ -104,7 +104,7 @@ pub enum Lua {
 
 impl Lua {
     /// The command and its first argument (function name or SHA) for a call of `entry`.
-    pub fn command(self, entry: Entry) -> (&'static str, &'static Value) {
+    pub(crate) fn command(self, entry: Entry) -> (&'static str, &'static Value) {
         match self {
             Lua::Functions => ("FCALL", LIBRARY.function(entry)),
             Lua::Scripts => ("EVALSHA", entry.sha()),
@@ -114,7 +114,7 @@ impl Lua {
 
 impl NodeLua {
     /// How this node's calls go now.
-    pub fn current(&self) -> Lua {
+    pub(crate) fn current(&self) -> Lua {
         if self.evalsha.load(Ordering::Relaxed) {
             Lua::Scripts
         } else {
@@ -144,7 +144,7 @@ impl NodeLua {
     }
 
     /// A client connected to `node` (at start or again): its calls try `FCALL` again.
-    pub fn connected(&self, node: &str) {
+    pub(crate) fn connected(&self, node: &str) {
         if self.evalsha.swap(false, Ordering::Relaxed) {
             tracing::info!(node, "redis connection made again: trying FCALL again");
         }
@@ -154,20 +154,20 @@ impl NodeLua {
 /// Every node's [`NodeLua`], by node name: each lane has its own client of a node, and
 /// all of them share the node's one. Holds only the nodes some client still has.
 #[derive(Debug, Default)]
-pub struct Scripting {
+pub(crate) struct Scripting {
     /// Node name → its state, while a client holds it.
     nodes: Mutex<HashMap<Arc<str>, Weak<NodeLua>>>,
 }
 
 impl Scripting {
     /// No node yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The state of the node named `name`, shared with every other client of it; a node
     /// no client holds starts on `FCALL`, as a node connected again does.
-    pub fn node(&self, name: &Arc<str>) -> Arc<NodeLua> {
+    pub(crate) fn node(&self, name: &Arc<str>) -> Arc<NodeLua> {
         let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(state) = nodes.get(name).and_then(Weak::upgrade) {
             return state;
@@ -181,7 +181,7 @@ impl Scripting {
 
     /// How calls go, as `/status` reports it: `functions` while every node is sent
     /// `FCALL`, `scripts` while every node is sent `EVALSHA`, `mixed` between.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         let nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
         let (mut functions, mut scripts) = (0, 0);
         for state in nodes.values().filter_map(Weak::upgrade) {

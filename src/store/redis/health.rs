@@ -16,7 +16,7 @@ use crate::store::{StoreError, StoreStatus};
 use crate::telemetry::{Metrics, NodeLabel, StateLabel};
 
 /// The breakers of one Redis store.
-pub struct Health {
+pub(crate) struct Health {
     /// Thresholds of every breaker.
     settings: BreakerSettings,
     /// Breaker per node name, created closed on first use. Read on every call without a
@@ -32,7 +32,7 @@ pub struct Health {
 
 impl Health {
     /// No breaker yet; each node's is made on its first call.
-    pub fn new(settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
         Self {
             settings,
             breakers: ArcSwap::default(),
@@ -44,7 +44,7 @@ impl Health {
     /// Which of the checks on `nodes` (a check's index and its node) may not go to
     /// Redis now, each with the error that sends it to the failure mode at once; empty
     /// (no allocation) when all may.
-    pub fn refused<'a>(
+    pub(crate) fn refused<'a>(
         &self,
         nodes: impl Iterator<Item = (usize, &'a Arc<str>)>,
     ) -> Vec<(usize, StoreError)> {
@@ -153,7 +153,7 @@ impl Health {
     /// `/status` view: health and the breaker of every node of `topology`, and `lua`, how
     /// the store runs its scripts. Breakers of nodes that left the topology (after a
     /// failover) are dropped here, with their gauge.
-    pub fn status(
+    pub(crate) fn status(
         &self,
         topology: &Topology,
         connectivity: Connectivity,

@@ -59,7 +59,7 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError>
 }
 
 /// Runs one lease call, as the batcher runs its calls but on its own.
-pub async fn run(
+pub(crate) async fn run(
     shared: &Shared,
     request: &LeaseRequest,
     now: Option<Micros>,

@@ -11,15 +11,15 @@
 //! [`batcher`]; the client ([`client`]) never re-sends an in-flight call. A circuit
 //! breaker per node ([`health`]) answers calls at once while that node keeps failing.
 
-pub mod batcher;
-pub mod call;
-pub mod client;
-pub mod functions;
-pub mod health;
-pub mod lease;
-pub mod nodes;
+pub(crate) mod batcher;
+pub(crate) mod call;
+pub(crate) mod client;
+pub(crate) mod functions;
+pub(crate) mod health;
+pub(crate) mod lease;
+pub(crate) mod nodes;
 pub mod script;
-pub mod tls;
+pub(crate) mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 pub use client::{mask_url, RedisMode, RedisOptions};
-pub use tls::{RedisTls, RedisTlsError};
+pub(crate) use tls::RedisTls;
 
 use crate::algorithm::Decision;
 use crate::lanes;

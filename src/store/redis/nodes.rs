@@ -44,19 +44,19 @@ const SLOTS: usize = 16_384;
 const UNOWNED: u16 = u16::MAX;
 
 /// One node and its client.
-pub struct Node {
+pub(crate) struct Node {
     /// `host:port` (`redis` for a standalone server or a Sentinel primary): breakers,
     /// logs and `/status` name the node by it.
-    pub name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// Its own client (its connections are its own: a dead node does not stall others).
-    pub client: Client,
+    pub(crate) client: Client,
     /// How its calls are sent, shared with the other lanes' clients of the node.
-    pub lua: Arc<NodeLua>,
+    pub(crate) lua: Arc<NodeLua>,
 }
 
 /// How much of the store is connected, worst first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Connectivity {
+pub(crate) enum Connectivity {
     /// No node is connected (or none is known yet).
     None,
     /// Some nodes are, or some slots have no node: their checks take the failure mode.
@@ -66,7 +66,7 @@ pub enum Connectivity {
 }
 
 /// Which node serves each slot, at one moment.
-pub struct Topology {
+pub(crate) struct Topology {
     /// The nodes.
     nodes: Vec<Arc<Node>>,
     /// Per slot, the index of its node in `nodes`; empty when one node serves all.
@@ -75,7 +75,7 @@ pub struct Topology {
 
 impl Topology {
     /// The node serving `slot`, if any is known.
-    pub fn route(&self, slot: u16) -> Option<&Arc<Node>> {
+    pub(crate) fn route(&self, slot: u16) -> Option<&Arc<Node>> {
         if self.owners.is_empty() {
             return self.nodes.first();
         }
@@ -84,7 +84,7 @@ impl Topology {
     }
 
     /// Every node.
-    pub fn nodes(&self) -> &[Arc<Node>] {
+    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
         &self.nodes
     }
 
@@ -95,7 +95,7 @@ impl Topology {
 }
 
 /// The nodes of one Redis store, kept current (see the module documentation).
-pub struct Nodes {
+pub(crate) struct Nodes {
     /// The current topology.
     topology: ArcSwap<Topology>,
     /// Wakes the refresher early (cluster only).
@@ -119,7 +119,7 @@ impl Nodes {
     /// Starts the clients (in the background) and, for a cluster, the refresher; must be
     /// called inside a tokio runtime. Never waits for Redis: until a cluster's slot map
     /// is known, no slot has a node.
-    pub fn connect(
+    pub(crate) fn connect(
         options: &RedisOptions,
         metrics: Arc<Metrics>,
         scripting: Arc<Scripting>,
@@ -189,7 +189,7 @@ impl Nodes {
     }
 
     /// Whether slots live on different nodes.
-    pub fn clustered(&self) -> bool {
+    pub(crate) fn clustered(&self) -> bool {
         self.wake.is_some()
     }
 
@@ -197,7 +197,7 @@ impl Nodes {
     /// for that slot (with a client for `server` if it is new), so the call can be sent
     /// there, and the whole map is read again soon. `None` for a single node, or when
     /// no client can be made.
-    pub fn moved(&self, slot: u16, server: Server) -> Option<Arc<Node>> {
+    pub(crate) fn moved(&self, slot: u16, server: Server) -> Option<Arc<Node>> {
         self.wake.as_ref()?;
         self.suspect();
         let _writer = lock(&self.writer);
@@ -247,11 +247,6 @@ impl Nodes {
         if let Some(wake) = &self.wake {
             wake.notify_one();
         }
-    }
-
-    /// Whether every node is known and connected (for `/status`).
-    pub fn is_connected(&self) -> bool {
-        self.connectivity() == Connectivity::All
     }
 
     /// How many of the nodes are connected: all (and every slot has one), some, or none.

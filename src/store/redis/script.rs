@@ -37,7 +37,7 @@ macro_rules! algorithms {
 }
 
 /// The shared helpers and every algorithm.
-pub const ALGORITHMS: &str = algorithms!();
+pub(crate) const ALGORITHMS: &str = algorithms!();
 
 /// The main entry point's working tables and their helpers, made before the entry
 /// point: kept from call to call in the function library.
@@ -47,7 +47,7 @@ pub(crate) const CHECK_STATE: &str = include_str!("scripts/check_state.lua");
 pub(crate) const ENTRY: &str = include_str!("scripts/main.lua");
 
 /// The whole script, as loaded with `SCRIPT LOAD`.
-pub const SCRIPT: &str = concat!(
+pub(crate) const SCRIPT: &str = concat!(
     algorithms!(),
     include_str!("scripts/check_state.lua"),
     include_str!("scripts/main.lua")
@@ -70,7 +70,7 @@ pub(crate) static LEASE_SHA: LazyLock<Value> =
 
 /// Which entry point a call runs: the main one or the lease's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Entry {
+pub(crate) enum Entry {
     /// `scripts/main.lua`: decides checks.
     Check,
     /// `scripts/lease.lua`: grants a lease.
@@ -79,7 +79,7 @@ pub enum Entry {
 
 impl Entry {
     /// The whole script of this entry point, for `SCRIPT LOAD`.
-    pub fn script(self) -> &'static str {
+    pub(crate) fn script(self) -> &'static str {
         match self {
             Entry::Check => SCRIPT,
             Entry::Lease => LEASE_SCRIPT,
@@ -109,7 +109,7 @@ pub fn limit_key(key: CounterKey, index: usize) -> String {
 
 /// Hash slot of every limit key of the descriptor `key` (the slot of its hash tag, the
 /// digest's hex), computed without building a key.
-pub fn slot(key: CounterKey) -> u16 {
+pub(crate) fn slot(key: CounterKey) -> u16 {
     fred::util::redis_keyslot(&key.hex_bytes())
 }
 
@@ -148,25 +148,25 @@ fn algorithm_code(kind: AlgorithmKind) -> u8 {
 /// which fred writes as bulk strings without formatting them into strings). Whether it
 /// goes as `FCALL` or `EVALSHA` is chosen when it is sent ([`super::functions`]).
 #[derive(Debug)]
-pub struct Call {
+pub(crate) struct Call {
     /// The number of keys, the keys, then ARGV.
-    pub args: Vec<Value>,
+    pub(crate) args: Vec<Value>,
     /// What it runs.
-    pub entry: Entry,
+    pub(crate) entry: Entry,
     /// Hash slot of the keys (all of one call share it).
     slot: u16,
     /// Limits decided by this call (the main script's reply has five numbers per limit).
-    pub limits: usize,
+    pub(crate) limits: usize,
 }
 
 /// A number as a script argument.
-pub fn number(x: u64) -> Value {
+pub(crate) fn number(x: u64) -> Value {
     i64::try_from(x).map_or_else(|_| Value::from(x.to_string()), Value::Integer)
 }
 
 impl Call {
     /// A call of `entry` on `keys`, all in one slot, with `argv`.
-    pub fn of(entry: Entry, mut keys: Vec<Value>, mut argv: Vec<Value>) -> Self {
+    pub(crate) fn of(entry: Entry, mut keys: Vec<Value>, mut argv: Vec<Value>) -> Self {
         let slot = keys
             .first()
             .and_then(Value::as_bytes)
@@ -184,14 +184,14 @@ impl Call {
     }
 
     /// Hash slot of the call's keys.
-    pub fn slot(&self) -> u16 {
+    pub(crate) fn slot(&self) -> u16 {
         self.slot
     }
 
     /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
     /// Each distinct rule (list of limits) is sent once, and each run of checks names
     /// its rule by index: the checks of a batch mostly share one.
-    pub fn new<'a>(
+    pub(crate) fn new<'a>(
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,
         now: Option<Micros>,
@@ -301,7 +301,7 @@ impl Run {
 /// retry_after, used): the numbers Lua holds, exactly, where a RESP integer per number
 /// cost the client a frame each. Each is a whole number; one past `u64::MAX` reads as
 /// `u64::MAX`, a negative or NaN one as 0 (Rust `as`).
-pub fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
+pub(crate) fn decode(reply: &Value, limits: usize) -> Result<Vec<Decision>, StoreError> {
     let bytes = reply
         .as_bytes()
         .ok_or_else(|| StoreError::Protocol("script reply is not a string".into()))?;

@@ -31,19 +31,19 @@ use tokio_rustls::rustls::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RedisTls {
     /// PEM CA bundle to trust (`None`: the system roots).
-    pub ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     /// PEM client certificate chain (mutual TLS).
-    pub cert: Option<PathBuf>,
+    pub(crate) cert: Option<PathBuf>,
     /// PEM private key of `cert`.
-    pub key: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
     /// Accept a server certificate whose names do not match the URL host (the chain is
     /// still verified). Off by default.
-    pub insecure_skip_hostname: bool,
+    pub(crate) insecure_skip_hostname: bool,
 }
 
 /// A Redis TLS file that could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum RedisTlsError {
+pub(crate) enum RedisTlsError {
     /// A certificate or key file could not be used.
     #[error(transparent)]
     File(#[from] PemError),

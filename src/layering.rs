@@ -21,7 +21,7 @@ const TOP_LEVEL: &[&[&str]] = &[
     &["store"],
     &["lanes", "rules", "telemetry", "clock"],
     &["algorithm", "codec"],
-    &["proto", "pem", "reloading"],
+    &["proto", "pem", "reloading", "jitter"],
 ];
 
 /// `store/redis/`'s modules from the top down (its `mod.rs`, the store, is above all).

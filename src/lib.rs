@@ -12,6 +12,7 @@ pub mod bench;
 pub mod clock;
 pub(crate) mod codec;
 pub mod commands;
+pub(crate) mod jitter;
 pub(crate) mod lanes;
 pub(crate) mod lifecycle;
 pub mod limiter;

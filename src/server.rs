@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::lanes::{self, Lanes};
 use crate::lifecycle::Lifecycle;
 use crate::listener::lanes::MakeRouter;
-use crate::listener::{self, tls::ReloadingTls};
+use crate::listener::{self, tls::ReloadingTls, ConnectionAge};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
@@ -210,14 +210,26 @@ async fn serve<S: Store>(
         None => None,
     };
     let (reflection_v1, reflection_v1alpha) = reflection_services();
+    let connection_age = settings.grpc_connection_age;
     let make_router: MakeRouter = Arc::new(move || {
-        listener::hardened_server()
-            .add_service(health_service.clone())
-            .add_service(rls.clone())
-            .add_optional_service(reflection_v1.clone())
-            .add_optional_service(reflection_v1alpha.clone())
+        let server = listener::hardened_server();
+        match connection_age {
+            Some(age) => age.apply(server),
+            None => server,
+        }
+        .add_service(health_service.clone())
+        .add_service(rls.clone())
+        .add_optional_service(reflection_v1.clone())
+        .add_optional_service(reflection_v1alpha.clone())
     });
-    let mut grpc = listener::lanes::serve(lanes, listeners.grpc, tls, &make_router, &stop_rx);
+    let mut grpc = listener::lanes::serve(
+        lanes,
+        listeners.grpc,
+        tls,
+        connection_age.map(ConnectionAge::close_after),
+        &make_router,
+        &stop_rx,
+    );
     // Dropping the lanes (after the drain timeout) closes what is left.
     let grpc = async move { grpc.finished().await };
     let admin_state = Arc::new(AdminState {

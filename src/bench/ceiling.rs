@@ -63,6 +63,7 @@ pub async fn serve(
         Lanes::spawn(lanes::count_for(workers))?,
         listener,
         None,
+        None,
         &make_router,
         &stop,
     );

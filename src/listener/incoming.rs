@@ -1,16 +1,20 @@
 //! A lane's stream of ready connections (plaintext, or TLS-handshaken) that tonic
 //! serves: the sockets the dealer accepted ([`super::lanes`]), each registered with the
-//! lane's runtime and prepared in a task of its own, bounded by a timeout.
+//! lane's runtime and prepared in a task of its own, bounded by a timeout. With a
+//! connection age, each connection also has a reaper that shuts its socket down once
+//! the age and its grace are over, whatever the calls in flight (tonic's own forced
+//! close at that point skips the graceful GOAWAY, so it is not used).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
@@ -28,18 +32,27 @@ pub(crate) enum GrpcIo {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
+/// A connection as tonic serves it: the stream, and the reaper's signal that it ended.
+pub(crate) struct ServedIo {
+    io: GrpcIo,
+    /// Dropped with the connection, which lets its reaper (if any) go at once.
+    _ended: Option<oneshot::Sender<()>>,
+}
+
 /// Connections ready to serve; dropping it stops taking dealt connections.
 pub(crate) struct Incoming {
-    ready: mpsc::Receiver<GrpcIo>,
+    ready: mpsc::Receiver<ServedIo>,
     acceptor: JoinHandle<()>,
 }
 
 /// Connections accepted elsewhere (see [`super::lanes`]) and sent here as standard
 /// sockets: each is registered with this runtime, then prepared (with `tls`, handshaken
-/// under the certificates in force at that moment) before it is handed over.
+/// under the certificates in force at that moment) before it is handed over. With
+/// `close_after`, each connection's socket is shut down that long after it is accepted.
 pub(crate) fn incoming_dealt(
     mut dealt: mpsc::Receiver<std::net::TcpStream>,
     tls: Option<Arc<ReloadingTls>>,
+    close_after: Option<Duration>,
 ) -> Incoming {
     let (ready_tx, ready) = mpsc::channel(READY_QUEUE);
     let acceptor = tokio::spawn(async move {
@@ -48,7 +61,7 @@ pub(crate) fn incoming_dealt(
                 return;
             }
             match TcpStream::from_std(stream) {
-                Ok(stream) => hand_over(stream, tls.clone(), ready_tx.clone()),
+                Ok(stream) => hand_over(stream, tls.clone(), close_after, ready_tx.clone()),
                 Err(error) => tracing::warn!(%error, "gRPC connection not registered"),
             }
         }
@@ -57,16 +70,22 @@ pub(crate) fn incoming_dealt(
 }
 
 /// Prepares `stream` in a task of its own, under [`HANDSHAKE_TIMEOUT`], then puts it
-/// on `ready`.
-fn hand_over(stream: TcpStream, tls: Option<Arc<ReloadingTls>>, ready: mpsc::Sender<GrpcIo>) {
+/// on `ready`, with a reaper when `close_after` is set.
+fn hand_over(
+    stream: TcpStream,
+    tls: Option<Arc<ReloadingTls>>,
+    close_after: Option<Duration>,
+    ready: mpsc::Sender<ServedIo>,
+) {
     let _ = stream.set_nodelay(true);
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string());
+    let reaper = close_after.and_then(|after| reaper(&stream, after));
     tokio::spawn(async move {
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, prepare(stream, tls)).await {
             Ok(Ok(io)) => {
-                let _ = ready.send(io).await;
+                let _ = ready.send(ServedIo { io, _ended: reaper }).await;
             }
             Ok(Err(error)) => {
                 tracing::debug!(%peer, %error, "gRPC connection refused");
@@ -74,6 +93,32 @@ fn hand_over(stream: TcpStream, tls: Option<Arc<ReloadingTls>>, ready: mpsc::Sen
             Err(_) => tracing::debug!(%peer, "gRPC connection idle before handshake; closed"),
         }
     });
+}
+
+/// Shuts `stream`'s socket down `after` from now unless the connection ends first
+/// (the returned sender is dropped). It holds a duplicate of the socket's descriptor,
+/// which `shutdown` acts through, and lets it go as soon as the connection ends, so a
+/// connection closed early is closed for the peer at once.
+fn reaper(stream: &TcpStream, after: Duration) -> Option<oneshot::Sender<()>> {
+    use std::os::fd::AsFd;
+    let duplicate = match stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => std::net::TcpStream::from(fd),
+        Err(error) => {
+            tracing::warn!(%error, "gRPC connection age not enforced on this connection");
+            return None;
+        }
+    };
+    let (ended, mut ended_rx) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(after) => {
+                tracing::debug!("gRPC connection past its age and grace; closed");
+                let _ = duplicate.shutdown(std::net::Shutdown::Both);
+            }
+            _ = &mut ended_rx => {}
+        }
+    });
+    Some(ended)
 }
 
 /// Waits for the client's first bytes (plaintext) or completes the TLS handshake.
@@ -95,7 +140,7 @@ async fn prepare(stream: TcpStream, tls: Option<Arc<ReloadingTls>>) -> io::Resul
 // === impl Incoming ===
 
 impl Stream for Incoming {
-    type Item = Result<GrpcIo, io::Error>;
+    type Item = Result<ServedIo, io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.ready.poll_recv(cx).map(|io| io.map(Ok))
@@ -119,11 +164,11 @@ impl GrpcIo {
     }
 }
 
-impl Connected for GrpcIo {
+impl Connected for ServedIo {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp().connect_info()
+        self.io.tcp().connect_info()
     }
 }
 
@@ -182,5 +227,52 @@ impl AsyncWrite for GrpcIo {
             GrpcIo::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
             GrpcIo::Tls(stream) => Pin::new(&mut **stream).poll_shutdown(cx),
         }
+    }
+}
+
+// === impl ServedIo ===
+
+impl AsyncRead for ServedIo {
+    #[inline]
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ServedIo {
+    #[inline]
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    #[inline]
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    #[inline]
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

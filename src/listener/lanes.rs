@@ -49,11 +49,13 @@ struct ServingLane {
 
 /// Makes every lane serve `make_router()`'s router until `stop` turns true, and starts
 /// a task on the current runtime that accepts on `listener` and deals the connections
-/// in turn. With `tls`, each lane handshakes its own connections.
+/// in turn. With `tls`, each lane handshakes its own connections; with `close_after`,
+/// each connection's socket is shut down that long after it is accepted.
 pub(crate) fn serve(
     lanes: Lanes,
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
+    close_after: Option<std::time::Duration>,
     make_router: &MakeRouter,
     stop: &watch::Receiver<bool>,
 ) -> Serving {
@@ -77,8 +79,10 @@ pub(crate) fn serve(
         Box::new(
             move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
                 Box::pin(async move {
-                    let server = router()
-                        .serve_with_incoming_shutdown(incoming_dealt(deal_rx, tls), stopped(stop));
+                    let server = router().serve_with_incoming_shutdown(
+                        incoming_dealt(deal_rx, tls, close_after),
+                        stopped(stop),
+                    );
                     let result = tokio::select! {
                         result = server => result,
                         _ = aborted => Ok(()),
@@ -232,7 +236,7 @@ mod tests {
             (Some("sluice-grpc-1".to_owned()), Some(1)),
             "a task spawned through a lane's handle runs on that lane, before serving"
         );
-        let mut lanes = serve(lanes, listener, None, &make_router, &stop);
+        let mut lanes = serve(lanes, listener, None, None, &make_router, &stop);
 
         let mut threads = Vec::new();
         for _ in 0..4 {

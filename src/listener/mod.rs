@@ -38,6 +38,31 @@ pub(crate) async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
     }
 }
 
+/// How long a gRPC connection lives: at `max` (spread by ±10 %) the server sends GOAWAY
+/// so that the client reconnects (a long-lived HTTP/2 connection otherwise pins a
+/// client to one replica), then waits up to `grace` for the calls in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionAge {
+    /// Age at which the connection is asked to close.
+    pub max: Duration,
+    /// Longest wait after that for the calls in flight.
+    pub grace: Duration,
+}
+
+impl ConnectionAge {
+    /// Applies the age to `server`, drawing its jitter now (each serving thread draws
+    /// its own, so connections dealt to different threads end at different times).
+    pub(crate) fn apply(self, server: tonic::transport::Server) -> tonic::transport::Server {
+        server.max_connection_age(crate::jitter::spread(self.max, 0.1))
+    }
+
+    /// When a connection is closed whatever its calls: the grace after the latest
+    /// jittered age.
+    pub(crate) fn close_after(self) -> Duration {
+        self.max.mul_f64(1.1) + self.grace
+    }
+}
+
 /// A tonic server builder with Sluice's HTTP/2 limits.
 pub(crate) fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()

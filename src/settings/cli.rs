@@ -121,6 +121,13 @@ pub struct ServeArgs {
     /// gRPC listener (RLS and health) [default: 0.0.0.0:8081, or GRPC_HOST:GRPC_PORT].
     #[arg(long, env = "SLUICE_GRPC_ADDR")]
     pub(crate) grpc_addr: Option<SocketAddr>,
+    /// Longest life of a gRPC connection: then the server sends GOAWAY, so clients
+    /// reconnect and new replicas get their share (±10 % jitter; 0: never) [default: 24h, or GRPC_MAX_CONNECTION_AGE].
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    pub grpc_max_connection_age: Option<Duration>,
+    /// After the age: longest wait for the calls in flight before the connection is closed [default: 1h, or GRPC_MAX_CONNECTION_AGE_GRACE].
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration)]
+    pub grpc_max_connection_age_grace: Option<Duration>,
     /// Admin HTTP listener [default: 0.0.0.0:8080, or HOST:PORT].
     #[arg(long, env = "SLUICE_HTTP_ADDR")]
     pub(crate) http_addr: Option<SocketAddr>,

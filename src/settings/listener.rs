@@ -4,10 +4,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::cli::ServeArgs;
 use super::reference::Reference;
 use super::{invalid, SettingsError};
+use crate::listener::ConnectionAge;
 
 /// The rules path: the flag, else `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`
 /// (the last defaulting to `config`), else `config/`.
@@ -27,6 +29,28 @@ pub(crate) fn config_path(args: &ServeArgs, env: Reference<'_>) -> PathBuf {
         }
         None => PathBuf::from("config/"),
     }
+}
+
+/// The gRPC connection age: the flags, else the reference's `GRPC_MAX_CONNECTION_AGE`
+/// and `GRPC_MAX_CONNECTION_AGE_GRACE` (Go durations), else 24 h and 1 h as there. An
+/// age of 0 turns it off.
+pub fn connection_age(
+    args: &ServeArgs,
+    env: Reference<'_>,
+) -> Result<Option<ConnectionAge>, SettingsError> {
+    let max = match args.grpc_max_connection_age {
+        Some(age) => age,
+        None => env
+            .go_duration("GRPC_MAX_CONNECTION_AGE")?
+            .unwrap_or(Duration::from_secs(24 * 3600)),
+    };
+    let grace = match args.grpc_max_connection_age_grace {
+        Some(grace) => grace,
+        None => env
+            .go_duration("GRPC_MAX_CONNECTION_AGE_GRACE")?
+            .unwrap_or(Duration::from_secs(3600)),
+    };
+    Ok((!max.is_zero()).then_some(ConnectionAge { max, grace }))
 }
 
 /// The gRPC and admin addresses.

@@ -88,6 +88,8 @@ pub struct Settings {
     pub(crate) debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub(crate) ignored_env: Vec<String>,
+    /// gRPC connection age (`None`: connections live as long as clients keep them).
+    pub grpc_connection_age: Option<crate::listener::ConnectionAge>,
     /// gRPC TLS (`None`: plaintext).
     pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }
@@ -161,6 +163,7 @@ impl Settings {
             debug_endpoints: args.debug_endpoints,
             ignored_env: reference::ignored_set(env),
             grpc_tls: tls::grpc_tls(&args.tls, reference)?,
+            grpc_connection_age: listener::connection_age(args, reference)?,
         })
     }
 }

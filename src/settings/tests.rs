@@ -107,3 +107,71 @@ fn redis_socket_type_matches_the_url() {
     )
     .expect("the flag wins");
 }
+
+#[test]
+fn connection_age_reads_go_durations_and_zero_turns_it_off() {
+    let age = |argv: &[&str], env: &[(&str, &str)]| {
+        resolve(argv, env)
+            .expect("resolves")
+            .grpc_connection_age
+            .map(|age| (age.max.as_secs(), age.grace.as_secs()))
+    };
+    assert_eq!(
+        age(&[], &[]),
+        Some((86_400, 3_600)),
+        "the reference's defaults"
+    );
+    let env = [
+        ("GRPC_MAX_CONNECTION_AGE", "5m"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1m30s"),
+    ];
+    assert_eq!(age(&[], &env), Some((300, 90)));
+    assert_eq!(
+        age(&["--grpc-max-connection-age", "2m"], &env),
+        Some((120, 90))
+    );
+    assert_eq!(age(&[], &[("GRPC_MAX_CONNECTION_AGE", "0s")]), None);
+    let bad = resolve(&[], &[("GRPC_MAX_CONNECTION_AGE", "5 minutes")]).expect_err("refused");
+    assert_eq!(bad.name, "GRPC_MAX_CONNECTION_AGE");
+}
+
+#[test]
+fn config_source_follows_config_type() {
+    let source = |env: &[(&str, &str)]| resolve(&[], env).map(|s| s.config_source);
+    assert_eq!(source(&[]).expect("files"), ConfigSource::Files);
+    let ConfigSource::Xds(xds) = source(&[
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "X-Tenant:blue,x-zone:a",
+        ),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1s"),
+    ])
+    .expect("xds") else {
+        panic!("not xds");
+    };
+    assert_eq!(xds.server, "envoy-gateway:18001");
+    assert_eq!(xds.node_id, "envoy-ratelimit");
+    assert_eq!(
+        xds.headers,
+        [
+            ("x-tenant".to_owned(), "blue".to_owned()),
+            ("x-zone".to_owned(), "a".to_owned())
+        ]
+    );
+    assert_eq!(xds.backoff.initial.as_secs(), 1);
+    assert!(!xds.force_start);
+    for (name, value) in [
+        ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
+        ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2"),
+        ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "no-colon"),
+    ] {
+        let mut env = vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+        env.retain(|(n, _)| *n != name);
+        env.push((name, value));
+        let error = source(&env).expect_err("refused");
+        assert_eq!(error.name, name, "{error}");
+    }
+}

@@ -49,8 +49,12 @@ pub(crate) fn config_source(
 fn xds(args: &ServeArgs, env: Reference<'_>) -> Result<XdsSettings, SettingsError> {
     let defaults = Backoff::default();
     let backoff = Backoff {
-        initial: duration(env, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")?.unwrap_or(defaults.initial),
-        max: duration(env, "XDS_CLIENT_BACKOFF_MAX_INTERVAL")?.unwrap_or(defaults.max),
+        initial: env
+            .go_duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")?
+            .unwrap_or(defaults.initial),
+        max: env
+            .go_duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")?
+            .unwrap_or(defaults.max),
         random_factor: match env.get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR") {
             Some(text) => text
                 .parse::<f64>()
@@ -76,7 +80,8 @@ fn xds(args: &ServeArgs, env: Reference<'_>) -> Result<XdsSettings, SettingsErro
             "expected a positive initial interval no longer than the maximum",
         ));
     }
-    let connect_retry = duration(env, "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")?
+    let connect_retry = env
+        .go_duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")?
         .unwrap_or(Duration::from_secs(3));
     if connect_retry.is_zero() {
         return Err(invalid(
@@ -171,71 +176,4 @@ fn pairs(
                 .ok_or_else(|| invalid(name, pair, "expected key:value pairs separated by commas"))
         })
         .collect()
-}
-
-/// A Go duration variable (`10s`, `1m30s`, `500ms`), if set.
-fn duration(env: Reference<'_>, name: &str) -> Result<Option<Duration>, SettingsError> {
-    env.get(name)
-        .map(|text| {
-            parse_go_duration(&text).ok_or_else(|| {
-                invalid(
-                    name,
-                    &text,
-                    "expected a duration such as 10s, 1m30s or 500ms",
-                )
-            })
-        })
-        .transpose()
-}
-
-/// Parses Go's `time.ParseDuration` syntax for non-negative durations.
-pub(crate) fn parse_go_duration(text: &str) -> Option<Duration> {
-    if text == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..number_end].parse().ok()?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_end..];
-        total += number * seconds;
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn go_durations() {
-        let ms = Duration::from_millis;
-        assert_eq!(parse_go_duration("10s"), Some(ms(10_000)));
-        assert_eq!(parse_go_duration("1m30s"), Some(ms(90_000)));
-        assert_eq!(parse_go_duration("1.5h"), Some(ms(5_400_000)));
-        assert_eq!(parse_go_duration("250ms"), Some(ms(250)));
-        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
-        for bad in ["", "10", "s", "1x", "-1s", "1s2"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad}");
-        }
-    }
 }

@@ -1,7 +1,5 @@
 //! The ADS stream: subscribe, load each response, ACK or NACK it, reconnect.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
@@ -9,6 +7,7 @@ use tonic::metadata::{MetadataKey, MetadataValue};
 
 use super::resource::{rule_files, TYPE_URL};
 use super::{connect, XdsSettings, XdsState};
+use crate::jitter;
 use crate::proto::core::Node;
 use crate::proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::discovery::{DiscoveryRequest, DiscoveryResponse};
@@ -82,10 +81,10 @@ impl XdsClient {
                 broken = 0;
             }
             let wait = match error {
-                StreamError::Connect(_) => self.settings.connect_retry.mul_f64(0.5 + random_unit()),
+                StreamError::Connect(_) => jitter::spread(self.settings.connect_retry, 0.5),
                 _ => {
                     broken = broken.saturating_add(1);
-                    self.settings.backoff.wait(broken - 1, random_unit())
+                    self.settings.backoff.wait(broken - 1, jitter::unit())
                 }
             };
             tracing::warn!(%error, retry_in = ?wait, "xDS: disconnected; the current rules keep serving");
@@ -261,10 +260,4 @@ fn join(errors: Vec<String>) -> String {
         reason.push_str(&format!("; and {more} more"));
     }
     reason
-}
-
-/// A random number in [0, 1) for the back-off's spread.
-fn random_unit() -> f64 {
-    let bits = RandomState::new().build_hasher().finish() >> 11;
-    bits as f64 / (1u64 << 53) as f64
 }

@@ -2,6 +2,7 @@
 //! the virtualenv `scripts/test` installs: Envoy in front of Sluice (memory and Redis
 //! stores, mTLS, HTTP/2 limits), the Helm chart and the Istio patches.
 
+mod connection_age;
 mod envoy;
 mod helm;
 mod http2_limits;

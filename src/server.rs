@@ -320,6 +320,7 @@ impl ReloadObserver for ReloadReporter {
                     .get_or_create(&ResultLabel { result: "success" })
                     .inc();
                 self.metrics.config_rules.set(set.rules.rule_count() as i64);
+                self.metrics.rules_loaded(set.loaded_at);
                 tracing::info!(
                     version = set.version,
                     rules = set.rules.rule_count(),
@@ -328,6 +329,7 @@ impl ReloadObserver for ReloadReporter {
                 );
             }
             ReloadOutcome::Failed { errors, repeated } => {
+                self.metrics.rules_failed();
                 if !repeated {
                     self.metrics
                         .config_reloads

@@ -7,10 +7,13 @@
 //! dashboards built on envoyproxy/ratelimit's `ratelimit.service.rate_limit.<key>.<stat>`
 //! map one to one onto `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
 
+mod process;
+
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -99,6 +102,23 @@ pub(crate) struct StateLabel {
     pub(crate) state: &'static str,
 }
 
+/// Labels of `sluice_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate's version (`Cargo.toml`).
+    pub version: &'static str,
+    /// The optional cargo features built in, comma-separated (`otel`, `bench`), or empty.
+    pub features: &'static str,
+}
+
+/// The optional features of this build, for `sluice_build_info{features}`.
+const FEATURES: &str = match (cfg!(feature = "otel"), cfg!(feature = "bench")) {
+    (true, true) => "otel,bench",
+    (true, false) => "otel",
+    (false, true) => "bench",
+    (false, false) => "",
+};
+
 /// A reload outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ResultLabel {
@@ -151,6 +171,25 @@ pub struct Metrics {
     pub(crate) xds_connected: Gauge,
     /// xDS responses received, by what was answered: `ack` (loaded) or `nack`.
     pub(crate) xds_responses: Family<ResultLabel, Counter>,
+    /// Always 1, labelled with the version and features: joins other series to a build.
+    pub build_info: Family<BuildLabels, Gauge>,
+    /// When rules were last loaded, in Unix seconds (0 before the first load).
+    pub config_last_success: Gauge<f64, AtomicU64>,
+    /// 1 while the last load of new rule content failed (previous rules keep serving),
+    /// 0 once a load succeeds.
+    pub config_failing: Gauge,
+    /// Resident memory, in bytes (read from `/proc` at each scrape).
+    pub process_resident_memory: Gauge,
+    /// User and system CPU time, in seconds (read from `/proc` at each scrape).
+    pub process_cpu: Counter<f64, AtomicU64>,
+    /// Open file descriptors (read from `/proc` at each scrape).
+    pub process_open_fds: Gauge,
+    /// The soft limit on open file descriptors.
+    pub process_max_fds: Gauge,
+    /// When the process started, in Unix seconds.
+    pub process_start_time: Gauge<f64, AtomicU64>,
+    /// One scrape at a time moves the CPU counter to the `/proc` reading.
+    process_refresh: Mutex<()>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
     rule_labels: Mutex<HashSet<Arc<str>>>,
     /// Each (domain, rule label) pair's counters, resolved once: the request path then
@@ -417,7 +456,70 @@ impl Metrics {
             "xDS responses received, by answer: ack (rules loaded) or nack (rejected)",
             xds_responses.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                features: FEATURES,
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1: the version and optional features of this build",
+            build_info.clone(),
+        );
+        let config_last_success = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "config_last_reload_success_timestamp_seconds",
+            "When rules were last loaded, in Unix seconds (0 before the first load)",
+            config_last_success.clone(),
+        );
+        let config_failing = Gauge::default();
+        registry.register(
+            "config_reload_failing",
+            "1 while the last load of new rule content failed, 0 after a success",
+            config_failing.clone(),
+        );
+        let process_resident_memory = Gauge::default();
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the process, in bytes",
+            process_resident_memory.clone(),
+        );
+        let process_cpu = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "process_cpu_seconds",
+            "User and system CPU time of the process, in seconds",
+            process_cpu.clone(),
+        );
+        let process_open_fds = Gauge::default();
+        registry.register(
+            "process_open_fds",
+            "Open file descriptors of the process",
+            process_open_fds.clone(),
+        );
+        let process_max_fds = Gauge::default();
+        registry.register(
+            "process_max_fds",
+            "The soft limit on open file descriptors",
+            process_max_fds.clone(),
+        );
+        let process_start_time = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "process_start_time_seconds",
+            "When the process started, in Unix seconds",
+            process_start_time.clone(),
+        );
         Self {
+            build_info,
+            config_last_success,
+            config_failing,
+            process_resident_memory,
+            process_cpu,
+            process_open_fds,
+            process_max_fds,
+            process_start_time,
+            process_refresh: Mutex::new(()),
             breaker_state,
             breaker_transitions,
             xds_connected,
@@ -539,8 +641,40 @@ impl Metrics {
         self.call_errors.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// Prometheus text exposition of every metric.
+    /// Records a successful load of rules, made at `loaded_at`.
+    pub(crate) fn rules_loaded(&self, loaded_at: SystemTime) {
+        let at = loaded_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        self.config_last_success.set(at.as_secs_f64());
+        self.config_failing.set(0);
+    }
+
+    /// Records a failed load of new rule content.
+    pub(crate) fn rules_failed(&self) {
+        self.config_failing.set(1);
+    }
+
+    /// Moves the process metrics to a fresh `/proc` reading.
+    fn refresh_process(&self) {
+        let Some(sample) = process::sample() else {
+            return;
+        };
+        let _one_at_a_time = self
+            .process_refresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.process_resident_memory.set(sample.resident_bytes);
+        self.process_open_fds.set(sample.open_fds);
+        self.process_max_fds.set(sample.max_fds);
+        self.process_start_time.set(sample.start_time_seconds);
+        let counted = self.process_cpu.get();
+        if sample.cpu_seconds > counted {
+            self.process_cpu.inc_by(sample.cpu_seconds - counted);
+        }
+    }
+
+    /// Prometheus text exposition of every metric (the process metrics read at the call).
     pub fn encode(&self) -> String {
+        self.refresh_process();
         let mut text = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut text, &self.registry);

@@ -16,6 +16,7 @@ const SCENARIOS: &[&str] = &[
     "defaults",
     "everything-memory",
     "existing-configmap",
+    "monitoring",
     "redis",
     "tls",
 ];
@@ -123,6 +124,9 @@ fn check_scenario(dir: &Path, scenario: &str) {
         let auth = &container["env"][0];
         assert_eq!(auth["name"], "REDIS_AUTH");
         assert_eq!(auth["valueFrom"]["secretKeyRef"]["name"], "redis-auth");
+    }
+    if scenario == "monitoring" {
+        crate::monitoring::check_rendered(dir);
     }
     if scenario == "tls" {
         check_tls_files(&args, &container["pod"]);

@@ -67,6 +67,14 @@ SCENARIOS = {
     # The values deploy/istio/ tells users to install with.
     "istio": (yaml.safe_load(open(os.path.join(REPO, "deploy/istio/values.yaml"))), True),
     "existing-configmap": ({"existingConfigMap": "my-rules", "podDisruptionBudget": {"enabled": False}}, True),
+    # The alerts and the dashboard: written out as rendered for tests/e2e/monitoring.rs.
+    "monitoring": (
+        {
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+            "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Sluice"}},
+        },
+        True,
+    ),
     "redis": (
         {
             "store": "redis",
@@ -144,17 +152,35 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+# The PrometheusRule fields the chart sets (its CRD is not among the Kubernetes schemas);
+# promtool checks the rules themselves.
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {"groups": {"type": "array", "minItems": 1}},
+        },
+    },
+}
+
+
 def fail(message):
     print(f"FAIL: {message}", file=sys.stderr)
     sys.exit(1)
 
 
 def validate_object(obj, where):
-    if obj["kind"] == "ServiceMonitor":
+    crds = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+    if obj["kind"] in crds:
         try:
-            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+            jsonschema.validate(obj, crds[obj["kind"]])
         except jsonschema.ValidationError as error:
-            fail(f"{where}: ServiceMonitor: {error.message}")
+            fail(f"{where}: {obj['kind']}: {error.message}")
         return
     for version in KUBE_VERSIONS:
         try:
@@ -198,6 +224,7 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
             for file, text in obj["data"].items():
                 with open(os.path.join(rules_dir, file), "w") as f:
                     f.write(text)
+    write_monitoring(chart_dir, objects, scenario_dir)
     with open(os.path.join(scenario_dir, "container.json"), "w") as f:
         json.dump(
             {
@@ -212,6 +239,26 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
             f,
             indent=1,
         )
+
+
+def write_monitoring(chart_dir, objects, scenario_dir):
+    """Writes the rendered alerts (`prometheus-rules.yaml`, the PrometheusRule's spec) and
+    dashboard (`grafana-dashboard.json`) of a scenario that renders them, after checking
+    that they are the chart's files unchanged."""
+    for obj in objects:
+        if obj["kind"] == "PrometheusRule":
+            source = yaml.safe_load(open(os.path.join(chart_dir, "files/prometheus-rules.yaml")))
+            if obj["spec"] != source:
+                fail("the rendered PrometheusRule's spec is not files/prometheus-rules.yaml")
+            with open(os.path.join(scenario_dir, "prometheus-rules.yaml"), "w") as f:
+                yaml.safe_dump(obj["spec"], f)
+        labels = obj["metadata"].get("labels", {})
+        if obj["kind"] == "ConfigMap" and labels.get("grafana_dashboard") == "1":
+            dashboard = json.loads(obj["data"]["sluice.json"])
+            if dashboard != json.load(open(os.path.join(chart_dir, "files/grafana-dashboard.json"))):
+                fail("the rendered dashboard ConfigMap is not files/grafana-dashboard.json")
+            with open(os.path.join(scenario_dir, "grafana-dashboard.json"), "w") as f:
+                json.dump(dashboard, f, indent=1)
 
 
 def main():

@@ -1,11 +1,13 @@
 //! End-to-end tests with real tools (Envoy, Helm's engine, Kubernetes schemas), found in
 //! the virtualenv `scripts/test` installs: Envoy in front of Sluice (memory and Redis
-//! stores, mTLS, HTTP/2 limits), the Helm chart and the Istio patches.
+//! stores, mTLS, HTTP/2 limits), the Helm chart, its alerts and dashboard (promtool), and
+//! the Istio patches.
 
 mod connection_age;
 mod envoy;
 mod helm;
 mod http2_limits;
 mod istio;
+mod monitoring;
 mod tls_envoy;
 mod xds_envoy;

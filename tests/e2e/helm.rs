@@ -18,6 +18,7 @@ const SCENARIOS: &[&str] = &[
     "existing-configmap",
     "monitoring",
     "redis",
+    "scaling",
     "tls",
 ];
 
@@ -112,6 +113,17 @@ fn check_scenario(dir: &Path, scenario: &str) {
                 .last(),
             String::from_utf8_lossy(&check.stdout).lines().last(),
             "{scenario}: the ConfigMap mount loads what the flat files load"
+        );
+    }
+    if scenario == "defaults" {
+        // No rules given: the example rules, so that a bare install answers.
+        let example = std::fs::read_to_string(rules.join("example.yaml")).expect("example.yaml");
+        let config = std::fs::read_to_string(repo_root().join("config/example.yaml"))
+            .expect("config/example.yaml");
+        assert_eq!(
+            example.trim_end(),
+            config.trim_end(),
+            "the chart's files/example-rules.yaml is config/example.yaml"
         );
     }
     if scenario == "everything-memory" {

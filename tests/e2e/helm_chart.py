@@ -67,6 +67,28 @@ SCENARIOS = {
     # The values deploy/istio/ tells users to install with.
     "istio": (yaml.safe_load(open(os.path.join(REPO, "deploy/istio/values.yaml"))), True),
     "existing-configmap": ({"existingConfigMap": "my-rules", "podDisruptionBudget": {"enabled": False}}, True),
+    # A pod on a fraction of a core's limit, a fixed replica count, no disruption allowed,
+    # a headless Service, Sentinel with the URL from a Secret.
+    "scaling": (
+        {
+            "replicaCount": 3,
+            "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1500m", "memory": "256Mi"}},
+            "podDisruptionBudget": {"enabled": True, "maxUnavailable": 0},
+            "service": {"headless": True},
+            "store": "redis-sentinel",
+            "redis": {"urlSecret": {"name": "redis-url", "key": "url"}},
+            "topologySpreadConstraints": [
+                {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "maxSkew": 1,
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "sluice"}},
+                }
+            ],
+        },
+        # No --redis-url in the args (it comes from the Secret): serve would refuse them.
+        False,
+    ),
     # The alerts and the dashboard: written out as rendered for tests/e2e/monitoring.rs.
     "monitoring": (
         {
@@ -103,6 +125,30 @@ SCENARIOS = {
     ),
 }
 
+# Values the schema must accept: every Redis URL form the book documents, an umbrella
+# chart's keys.
+GOOD_VALUES = [
+    {"redis": {"url": url}}
+    for url in [
+        "redis://redis:6379",
+        "redis://user:pass@redis.redis.svc:6379/2",
+        "rediss://redis:6380",
+        "redis://10.0.0.1:7000,redis://10.0.0.2:7000,redis://10.0.0.3:7000",
+        "rediss://redis-0.redis.svc:6379,rediss://redis-1.redis.svc:6379",
+        "redis-0:6379,redis-1:6379",
+        "redis-sentinel://sentinel:26379?sentinelServiceName=mymaster",
+        "redis-sentinel://:pw@s1?sentinelServiceName=mymaster&node=s2:26380",
+        "mymaster,sentinel-0:26379,sentinel-1:26379",
+        "unix:///run/redis/redis.sock",
+        "redis+unix:///run/redis/redis.sock",
+        "/run/redis/redis.sock",
+    ]
+] + [
+    {"global": {"imageRegistry": "example"}, "enabled": True},
+    {"workers": 4},
+    {"workers": ""},
+]
+
 # Values the schema must refuse.
 BAD_VALUES = [
     {"store": "postgres"},
@@ -111,6 +157,9 @@ BAD_VALUES = [
     {"unknownKey": 1},
     {"rules": {"no-extension": "domain: x"}},
     {"redis": {"url": "http://example:6379"}},
+    {"redis": {"url": "redis://a:6379, http://b:6379"}},
+    {"workers": 0},
+    {"workers": "many"},
     {"redis": {"tls": {"secret": "typo"}}},
     {"grpcTls": {"existingSecret": "s", "cert": ""}},
     {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}},
@@ -225,6 +274,7 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
                 with open(os.path.join(rules_dir, file), "w") as f:
                     f.write(text)
     write_monitoring(chart_dir, objects, scenario_dir)
+    check_scaling(name, objects, pod)
     with open(os.path.join(scenario_dir, "container.json"), "w") as f:
         json.dump(
             {
@@ -239,6 +289,53 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
             f,
             indent=1,
         )
+
+
+def flag(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def check_scaling(name, objects, pod):
+    """What the chart promises about replicas, threads and spreading."""
+    args = next(c for c in pod["containers"] if c["name"] == "sluice")["args"]
+    by_kind = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    expected = {
+        # 100m requested, no CPU limit: one serving thread, not one per node core.
+        "defaults": ("2", "1"),
+        "everything-memory": ("6", "1"),  # autoscaling: maxReplicas
+        "scaling": ("3", "2"),  # a 1500m limit: two threads
+    }
+    if name in expected:
+        replicas, workers = expected[name]
+        if (flag(args, "--replicas"), flag(args, "--workers")) != (replicas, workers):
+            fail(f"{name}: --replicas {flag(args, '--replicas')} --workers {flag(args, '--workers')}, "
+                 f"expected {replicas} and {workers}")
+    spread = pod.get("topologySpreadConstraints", [])
+    if name == "scaling":
+        if [c["whenUnsatisfiable"] for c in spread] != ["DoNotSchedule"]:
+            fail(f"scaling: the given topologySpreadConstraints replace the default: {spread}")
+        pdb = by_kind["PodDisruptionBudget"][0]["spec"]
+        if pdb.get("maxUnavailable") != 0:
+            fail(f"scaling: maxUnavailable 0 rendered as {pdb}")
+        headless = [s for s in by_kind["Service"] if s["spec"].get("clusterIP") == "None"]
+        if len(headless) != 1:
+            fail("scaling: service.headless renders one headless Service")
+        env = next(c for c in pod["containers"] if c["name"] == "sluice").get("env", [])
+        url = [e for e in env if e["name"] == "SLUICE_REDIS_URL"]
+        if not url or url[0]["valueFrom"]["secretKeyRef"] != {"name": "redis-url", "key": "url"}:
+            fail(f"scaling: SLUICE_REDIS_URL from the Secret: {env}")
+        if "--redis-url" in args:
+            fail("scaling: --redis-url given along with the Secret")
+    else:
+        keys = sorted(c["topologyKey"] for c in spread)
+        if keys != ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]:
+            fail(f"{name}: default topologySpreadConstraints: {spread}")
+        if any(c["whenUnsatisfiable"] != "ScheduleAnyway" for c in spread):
+            fail(f"{name}: the default spread must never block scheduling: {spread}")
+        if any(s["spec"].get("clusterIP") == "None" for s in by_kind["Service"]):
+            fail(f"{name}: a headless Service without service.headless")
 
 
 def write_monitoring(chart_dir, objects, scenario_dir):
@@ -276,6 +373,12 @@ def main():
             continue
         fail(f"values.schema.json accepted bad values {values}")
     print(f"schema refused {len(BAD_VALUES)} bad value sets")
+    for values in GOOD_VALUES:
+        try:
+            chart.validate_schema(values)
+        except helm.HelmValuesError as error:
+            fail(f"values.schema.json refused good values {values}: {error}")
+    print(f"schema accepted {len(GOOD_VALUES)} good value sets")
 
 
 if __name__ == "__main__":

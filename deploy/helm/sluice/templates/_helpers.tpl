@@ -47,3 +47,38 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-rules" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
+
+{{/* The replica count Sluice is told (--replicas): with autoscaling, the most pods. */}}
+{{- define "sluice.replicas" -}}
+{{- if .Values.autoscaling.enabled }}
+{{- .Values.autoscaling.maxReplicas }}
+{{- else }}
+{{- .Values.replicaCount }}
+{{- end }}
+{{- end }}
+
+{{/* Serving threads (--workers): the value, else the CPU limit, else the CPU request,
+rounded up to whole cores (at least 1); empty when none is set. */}}
+{{- define "sluice.workers" -}}
+{{- if .Values.workers }}
+{{- .Values.workers }}
+{{- else }}
+{{- $cpu := "" }}
+{{- with .Values.resources }}
+{{- if and .limits .limits.cpu }}
+{{- $cpu = toString .limits.cpu }}
+{{- else if and .requests .requests.cpu }}
+{{- $cpu = toString .requests.cpu }}
+{{- end }}
+{{- end }}
+{{- if $cpu }}
+{{- $cores := 0.0 }}
+{{- if hasSuffix "m" $cpu }}
+{{- $cores = divf (trimSuffix "m" $cpu | float64) 1000 }}
+{{- else }}
+{{- $cores = float64 $cpu }}
+{{- end }}
+{{- max 1 (ceil $cores | int) }}
+{{- end }}
+{{- end }}
+{{- end }}

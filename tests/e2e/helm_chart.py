@@ -275,6 +275,7 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
                     f.write(text)
     write_monitoring(chart_dir, objects, scenario_dir)
     check_scaling(name, objects, pod)
+    check_rules_hook(name, objects, rules_volume["configMap"]["name"])
     with open(os.path.join(scenario_dir, "container.json"), "w") as f:
         json.dump(
             {
@@ -336,6 +337,40 @@ def check_scaling(name, objects, pod):
             fail(f"{name}: the default spread must never block scheduling: {spread}")
         if any(s["spec"].get("clusterIP") == "None" for s in by_kind["Service"]):
             fail(f"{name}: a headless Service without service.headless")
+
+
+def check_rules_hook(name, objects, rules_configmap):
+    """The pre-install/pre-upgrade Job checks exactly the rules the release will serve
+    (the Rust test runs `sluice check` on those), from a hook ConfigMap made before it."""
+    jobs = [obj for obj in objects if obj["kind"] == "Job"]
+    if name == "existing-configmap":
+        if jobs:
+            fail("existing-configmap: no rules-check Job for a ConfigMap the chart does not own")
+        return
+    if len(jobs) != 1:
+        fail(f"{name}: one rules-check Job expected, got {len(jobs)}")
+        return
+    job = jobs[0]
+    hooks = {obj["metadata"]["name"]: obj for obj in objects
+             if obj["kind"] == "ConfigMap" and "helm.sh/hook" in obj["metadata"].get("annotations", {})}
+    annotations = job["metadata"]["annotations"]
+    if annotations["helm.sh/hook"] != "pre-install,pre-upgrade":
+        fail(f"{name}: the rules check runs before install and upgrade: {annotations}")
+    spec = job["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    mount = container["volumeMounts"][0]
+    if container["args"] != ["check", mount["mountPath"]] or job["spec"]["backoffLimit"] != 0:
+        fail(f"{name}: the Job runs `sluice check` on its mount once: {container['args']}")
+    checked = hooks.get(spec["volumes"][0]["configMap"]["name"])
+    served = next(obj for obj in objects
+                  if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == rules_configmap)
+    if checked is None:
+        fail(f"{name}: the Job's rules are not a hook ConfigMap")
+        return
+    if int(checked["metadata"]["annotations"]["helm.sh/hook-weight"]) >= int(annotations["helm.sh/hook-weight"]):
+        fail(f"{name}: the hook ConfigMap must be made before the Job")
+    if checked["data"] != served["data"]:
+        fail(f"{name}: the Job checks other rules than the release serves")
 
 
 def write_monitoring(chart_dir, objects, scenario_dir):

@@ -82,3 +82,21 @@ rounded up to whole cores (at least 1); empty when none is set. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The rules ConfigMap's data: the `rules` value, or with none the example rules, so
+that a bare install answers. The rules-check hook checks the same data. */}}
+{{- define "sluice.rulesData" -}}
+{{- if .Values.rules }}
+{{- range $file, $rules := .Values.rules }}
+{{ $file }}: |
+  {{- if kindIs "string" $rules }}
+  {{- $rules | nindent 2 }}
+  {{- else }}
+  {{- toYaml $rules | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- else }}
+example.yaml: |
+  {{- .Files.Get "files/example-rules.yaml" | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -88,20 +88,18 @@ pub(crate) fn describe(rule: &Rule) -> String {
     line
 }
 
-/// `sluice explain`: loads the rules and prints, per descriptor, the rule that applies
+/// `sluice explain`: loads the rules (combined as `options` say) and prints, per descriptor, the rule that applies
 /// and why. Returns false (after printing the errors) when the rules do not load or a
 /// descriptor cannot be parsed.
 pub fn explain(
     args: &ExplainArgs,
+    options: &LoadOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<bool> {
-    let options = LoadOptions {
-        merge_domains: args.merge_domains.unwrap_or(false),
-    };
     let rules = match read_config_path(&args.config)
         .map_err(|error| vec![error])
-        .and_then(|files| Rules::compile(&files, &options))
+        .and_then(|files| Rules::compile(&files, options))
     {
         Ok(rules) => rules,
         Err(errors) => {

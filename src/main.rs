@@ -4,20 +4,26 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use sluice::rules::LoadOptions;
 use sluice::server::{self, Listeners};
-use sluice::settings::{Cli, Command, ServeArgs, Settings};
+use sluice::settings::{self, Cli, Command, ServeArgs, Settings};
 use sluice::telemetry;
 
+/// The process environment, as the settings read it.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
 fn main() -> anyhow::Result<ExitCode> {
-    match Cli::parse().command {
+    match Cli::parse().into_command() {
         Command::Serve(args) => serve(&args),
         Command::Check(args) => {
-            let options = LoadOptions {
-                merge_domains: args.merge_domains.unwrap_or(false),
+            let options = settings::load_options(args.merge_domains, &env)?;
+            let paths = match args.paths.is_empty() {
+                true => vec![settings::config_path(None, &env)],
+                false => args.paths,
             };
             let ok = sluice::commands::check(
-                &args.paths,
+                &paths,
                 &options,
                 &mut std::io::stdout(),
                 &mut std::io::stderr(),
@@ -25,8 +31,13 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(exit_code(ok))
         }
         Command::Explain(args) => {
-            let ok =
-                sluice::commands::explain(&args, &mut std::io::stdout(), &mut std::io::stderr())?;
+            let options = settings::load_options(args.merge_domains, &env)?;
+            let ok = sluice::commands::explain(
+                &args,
+                &options,
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            )?;
             Ok(exit_code(ok))
         }
         #[cfg(feature = "bench")]
@@ -88,7 +99,7 @@ fn exit_code(ok: bool) -> ExitCode {
 }
 
 fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let settings = Settings::resolve(args, &|name| std::env::var(name).ok())?;
+    let settings = Settings::resolve(args, &env)?;
     if args.check_config_only {
         if let sluice::settings::ConfigSource::Xds(xds) = &settings.config_source {
             println!(
@@ -110,7 +121,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         let _telemetry = telemetry::init(
             settings.log_format,
             &settings.log_level,
-            settings.otlp_endpoint.as_deref(),
+            settings.tracing.as_ref(),
         );
         match sluice::listener::raise_open_file_limit() {
             Ok(limit) => tracing::debug!(limit, "open file limit"),
@@ -122,7 +133,21 @@ fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         let http = tokio::net::TcpListener::bind(settings.http_addr)
             .await
             .with_context(|| format!("binding HTTP listener {}", settings.http_addr))?;
-        server::run(Listeners { grpc, http }, settings, shutdown_signal()).await?;
+        // On the admin address, the admin listener serves the metrics itself.
+        let prometheus = match &settings.prometheus {
+            Some(prometheus) if prometheus.addr != settings.http_addr => Some(
+                tokio::net::TcpListener::bind(prometheus.addr)
+                    .await
+                    .with_context(|| format!("binding Prometheus listener {}", prometheus.addr))?,
+            ),
+            _ => None,
+        };
+        let listeners = Listeners {
+            grpc,
+            http,
+            prometheus,
+        };
+        server::run(listeners, settings, shutdown_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -40,6 +40,10 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Admin HTTP.
     pub http: TcpListener,
+    /// Prometheus metrics on an address of their own (`settings.prometheus`); `None`
+    /// when not asked for, or when that address is the admin one (the admin listener
+    /// then serves them at the Prometheus path too).
+    pub prometheus: Option<TcpListener>,
 }
 
 /// Errors that stop the server.
@@ -137,7 +141,11 @@ async fn serve<S: Store>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     for name in &settings.ignored_env {
-        tracing::info!(variable = %name, "reference setting has no meaning in Sluice; ignored");
+        let why = crate::settings::reference::why_ignored(name);
+        tracing::info!(variable = %name, why, "reference setting ignored");
+    }
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
     }
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
     let service = Service::builder(store, rules.clone())
@@ -239,6 +247,24 @@ async fn serve<S: Store>(
         debug_endpoints: settings.debug_endpoints,
         xds: xds_state,
     });
+    // Without a listener of its own (on the admin address) the admin port's `/metrics`
+    // is the Prometheus endpoint.
+    let prometheus = match (listeners.prometheus, &settings.prometheus) {
+        (Some(listener), Some(settings)) => {
+            tracing::info!(prometheus = %addr(&listener), path = %settings.path, "serving Prometheus metrics");
+            let server = axum::serve(
+                listener,
+                admin::metrics_router(metrics.clone(), &settings.path),
+            )
+            .with_graceful_shutdown(listener::stopped(stop_rx.clone()));
+            Some(tokio::spawn(async move {
+                if let Err(error) = server.await {
+                    tracing::error!(%error, "Prometheus listener failed");
+                }
+            }))
+        }
+        _ => None,
+    };
     let http = axum::serve(listeners.http, admin::router(admin_state))
         .with_graceful_shutdown(listener::stopped(stop_rx.clone()));
     match &settings.config_source {
@@ -285,6 +311,9 @@ async fn serve<S: Store>(
     };
     rule_source.abort();
     health_task.abort();
+    if let Some(prometheus) = prometheus {
+        prometheus.abort();
+    }
     lease_returns.abort();
     // Bounded: a store that is down must not hold the exit up.
     let returned = service.limiter().return_leases(true);

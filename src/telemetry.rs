@@ -740,10 +740,25 @@ fn quiet_client_router(
     }
 }
 
-/// Installs logging (and, with the `otel` feature and an endpoint, OTLP trace export
-/// of the `rls.request` and `store.check` spans). Must run inside the tokio runtime
-/// when exporting: the tonic exporter's channel lives on it.
-pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> TelemetryGuard {
+/// Where and how traces are exported over OTLP/gRPC (with the `otel` feature).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceExport {
+    /// The collector, with its scheme (`http://collector:4317`).
+    pub endpoint: String,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// The `service.namespace` resource attribute, if any.
+    pub service_namespace: Option<String>,
+    /// The `service.instance.id` resource attribute, if any.
+    pub service_instance_id: Option<String>,
+    /// Fraction of traces kept (0 to 1), unless a sampled parent decides.
+    pub sampling_ratio: f64,
+}
+
+/// Installs logging (and, with the `otel` feature and an export, OTLP trace export of
+/// the `rls.request` and `store.check` spans). Must run inside the tokio runtime when
+/// exporting: the tonic exporter's channel lives on it.
+pub fn init(format: LogFormat, level: &str, export: Option<&TraceExport>) -> TelemetryGuard {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -763,7 +778,7 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
     let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));
     #[cfg(feature = "otel")]
     {
-        let (layer, provider) = match otlp_endpoint.map(otel::layer) {
+        let (layer, provider) = match export.map(otel::layer) {
             Some(Ok((layer, provider))) => (Some(layer), Some(provider)),
             Some(Err(error)) => {
                 eprintln!("OTLP trace export disabled: {error}");
@@ -777,9 +792,10 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
     #[cfg(not(feature = "otel"))]
     {
         let installed = registry.try_init().is_ok();
-        if installed && otlp_endpoint.is_some() {
+        if let Some(export) = export.filter(|_| installed) {
             tracing::warn!(
-                "--otlp-endpoint is set but this build has no `otel` feature; traces are not exported"
+                endpoint = %export.endpoint,
+                "trace export is asked for (--otlp-endpoint, or TRACING_ENABLED) but this build has no `otel` feature: traces are NOT exported"
             );
         }
         TelemetryGuard {}
@@ -791,32 +807,43 @@ pub fn init(format: LogFormat, level: &str, otlp_endpoint: Option<&str>) -> Tele
 mod otel {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::WithExportConfig;
-    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
     use tracing_subscriber::Layer;
 
     /// Spans exported: Sluice's request and store spans (debug level), whatever the
     /// log filter says.
     const EXPORT_FILTER: &str = "sluice=debug";
 
-    /// A layer exporting spans to `endpoint`, and the provider to flush on exit.
+    /// A layer exporting spans as `export` says, and the provider to flush on exit.
     pub(super) fn layer<S>(
-        endpoint: &str,
+        export: &super::TraceExport,
     ) -> Result<(Box<dyn Layer<S> + Send + Sync>, SdkTracerProvider), String>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
-            .with_endpoint(endpoint)
+            .with_endpoint(&export.endpoint)
             .build()
             .map_err(|error| error.to_string())?;
+        let optional = [
+            ("service.namespace", &export.service_namespace),
+            ("service.instance.id", &export.service_instance_id),
+        ];
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name(export.service_name.clone())
+            .with_attributes(optional.into_iter().filter_map(|(key, value)| {
+                value
+                    .clone()
+                    .map(|value| opentelemetry::KeyValue::new(key, value))
+            }))
+            .build();
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(export.sampling_ratio)));
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_resource(
-                opentelemetry_sdk::Resource::builder()
-                    .with_service_name("sluice")
-                    .build(),
-            )
+            .with_sampler(sampler)
+            .with_resource(resource)
             .build();
         let tracer = provider.tracer("sluice");
         let layer = tracing_opentelemetry::layer()

@@ -53,6 +53,31 @@ pub(crate) fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
         .with_state(state)
 }
 
+/// A router serving only the Prometheus metrics, at `path` (the reference's
+/// `USE_PROMETHEUS` listener): the same registry as the admin port's `/metrics`.
+pub fn metrics_router(metrics: Arc<Metrics>, path: &str) -> Router {
+    Router::new()
+        .route(path, get(prometheus_metrics))
+        .with_state(metrics)
+}
+
+/// The metrics of [`metrics_router`].
+async fn prometheus_metrics(State(metrics): State<Arc<Metrics>>) -> Response {
+    encoded(&metrics)
+}
+
+/// The registry in the OpenMetrics text format.
+fn encoded(metrics: &Metrics) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+        .into_response()
+}
+
 /// Whether the service should receive traffic: rules loaded and not draining. Store
 /// health is deliberately not part of it (per-rule failure modes handle an outage).
 fn ready<S: Store>(state: &AdminState<S>) -> bool {
@@ -153,14 +178,7 @@ fn not_enabled() -> Response {
 }
 
 async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-        .into_response()
+    encoded(&state.metrics)
 }
 
 async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {

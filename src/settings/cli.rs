@@ -12,13 +12,26 @@ use super::StoreKind;
 use crate::service::HeaderMode;
 use crate::telemetry::LogFormat;
 
-/// Sluice: a global rate limit service for Envoy.
+/// Sluice: a global rate limit service for Envoy. Without a subcommand it serves,
+/// configured by the environment alone (as the reference's image is run).
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
 pub struct Cli {
-    /// What to do.
+    /// What to do (`serve` when none is given).
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+}
+
+impl Cli {
+    /// The subcommand to run: the one given, else `serve` with its defaults and the
+    /// environment (Envoy Gateway runs the image with no arguments at all).
+    pub fn into_command(self) -> Command {
+        self.command
+            .unwrap_or_else(|| match Self::parse_from(["sluice", "serve"]).command {
+                Some(serve) => serve,
+                None => unreachable!("`serve` parses as a subcommand"),
+            })
+    }
 }
 
 /// The subcommands.
@@ -61,7 +74,7 @@ pub struct ExplainArgs {
     pub(crate) hits_addend: u32,
     /// Merge files of the same domain (the reference's MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
-    pub(crate) merge_domains: Option<bool>,
+    pub merge_domains: Option<bool>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -94,8 +107,8 @@ pub struct BenchMemoryArgs {
 /// Flags of `sluice check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Rule files or directories.
-    #[arg(required = true)]
+    /// Rule files or directories [default: the path `serve` would read: SLUICE_CONFIG, or
+    /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, or config/].
     pub paths: Vec<PathBuf>,
     /// Merge files of the same domain (the reference's MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
@@ -149,20 +162,24 @@ pub struct ServeArgs {
     pub(crate) redis_batch_max: usize,
     /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
     #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]
-    pub(crate) redis_queue: usize,
-    /// PEM CA bundle trusted for `rediss://` [default: the system roots].
+    pub redis_queue: usize,
+    /// PEM CA bundle trusted for `rediss://` [default: the system roots, or REDIS_TLS_CACERT].
     #[arg(long, env = "SLUICE_REDIS_TLS_CA")]
-    pub(crate) redis_tls_ca: Option<PathBuf>,
-    /// PEM client certificate chain presented to Redis (mutual TLS; needs --redis-tls-key).
+    pub redis_tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain presented to Redis (mutual TLS; needs --redis-tls-key) [or REDIS_TLS_CLIENT_CERT].
     #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
-    pub(crate) redis_tls_cert: Option<PathBuf>,
-    /// PEM private key of --redis-tls-cert.
+    pub redis_tls_cert: Option<PathBuf>,
+    /// PEM private key of --redis-tls-cert [or REDIS_TLS_CLIENT_KEY].
     #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
     pub(crate) redis_tls_key: Option<PathBuf>,
     /// Accept a Redis certificate whose names do not match the URL host (the chain is
-    /// still verified). Host names are checked by default.
+    /// still verified). Host names are checked by default [or REDIS_TLS_SKIP_HOSTNAME_VERIFICATION].
     #[arg(long, env = "SLUICE_REDIS_TLS_INSECURE_SKIP_HOSTNAME")]
-    pub(crate) redis_tls_insecure_skip_hostname: bool,
+    pub redis_tls_insecure_skip_hostname: bool,
+    /// Written before every Redis key, so that deployments sharing one Redis keep
+    /// separate counters; may not contain `{` or `}` [default: none, or CACHE_KEY_PREFIX].
+    #[arg(long, env = "SLUICE_CACHE_KEY_PREFIX")]
+    pub cache_key_prefix: Option<String>,
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
     pub(crate) replicas: u32,
@@ -185,7 +202,7 @@ pub struct ServeArgs {
     pub(crate) response_headers: Option<HeaderMode>,
     /// Merge files of the same domain [default: false, or MERGE_DOMAIN_CONFIG].
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
-    pub(crate) merge_domains: Option<bool>,
+    pub merge_domains: Option<bool>,
     /// Never refuse: report OVER_LIMIT per descriptor but answer OK [or SHADOW_MODE].
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     pub(crate) shadow_mode: Option<bool>,
@@ -206,9 +223,16 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     pub(crate) reload_interval: Duration,
     /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
-    /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT].
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub(crate) otlp_endpoint: Option<String>,
+    /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT, see TRACING_ENABLED].
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Also serve the admin port's Prometheus metrics on this address [default: none, or
+    /// PROMETHEUS_ADDR with USE_PROMETHEUS].
+    #[arg(long, env = "SLUICE_PROMETHEUS_ADDR")]
+    pub prometheus_addr: Option<SocketAddr>,
+    /// Path of the metrics on --prometheus-addr [default: /metrics, or PROMETHEUS_PATH].
+    #[arg(long, env = "SLUICE_PROMETHEUS_PATH")]
+    pub prometheus_path: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
     pub(crate) drain_delay: Duration,
@@ -258,8 +282,8 @@ pub struct TlsArgs {
     pub(crate) grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of the gRPC certificate [or GRPC_SERVER_TLS_KEY].
     #[arg(long, env = "SLUICE_GRPC_TLS_KEY")]
-    pub(crate) grpc_tls_key: Option<PathBuf>,
-    /// Require client certificates issued by this PEM CA bundle (mTLS) [or GRPC_CLIENT_TLS_CACERT].
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Require client certificates issued by this PEM CA bundle (mTLS) [or GRPC_CLIENT_TLS_CACERT, or GRPC_SERVER_TLS_CA_CERT].
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA")]
     pub(crate) grpc_tls_client_ca: Option<PathBuf>,
     /// Accept only client certificates with one of these DNS or IP SANs (comma list) [or GRPC_CLIENT_TLS_SAN].

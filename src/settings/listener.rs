@@ -13,8 +13,8 @@ use crate::listener::ConnectionAge;
 
 /// The rules path: the flag, else `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`
 /// (the last defaulting to `config`), else `config/`.
-pub(crate) fn config_path(args: &ServeArgs, env: Reference<'_>) -> PathBuf {
-    if let Some(path) = &args.config {
+pub(crate) fn config_path(flag: Option<&PathBuf>, env: Reference<'_>) -> PathBuf {
+    if let Some(path) = flag {
         return path.clone();
     }
     match env.get("RUNTIME_ROOT") {

@@ -2,13 +2,16 @@
 //!
 //! Precedence: a flag (or its `SLUICE_*` variable) wins; otherwise the
 //! envoyproxy/ratelimit variable that maps to it; otherwise the default. Reference
-//! variables without meaning here are accepted and reported once as ignored. The
-//! command line itself is [`cli`]; each concern resolves in its own module.
+//! variables without meaning here are accepted and reported once as ignored; those with
+//! a value Sluice cannot honour (one that would change what is limited or where
+//! counters live) are refused ([`reference::REFUSED`]). The command line itself is
+//! [`cli`]; each concern resolves in its own module.
 
 pub(crate) mod cli;
 mod listener;
-pub(crate) mod redis;
-pub(crate) mod reference;
+mod observability;
+pub mod redis;
+pub mod reference;
 mod service;
 mod tls;
 mod xds;
@@ -19,15 +22,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use cli::{CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, ServeArgs, TlsArgs};
-pub(crate) use reference::parse_go_bool;
+pub use observability::PrometheusSettings;
 pub use xds::ConfigSource;
 
 use crate::limiter::LimiterSettings;
 use crate::rules::LoadOptions;
 use crate::service::{RequestBounds, ResponseOptions};
 use crate::store::redis::RedisOptions;
-use crate::telemetry::LogFormat;
-use reference::{Env, Reference};
+use crate::telemetry::{LogFormat, TraceExport};
+pub(crate) use reference::Env;
+use reference::Reference;
 
 /// Where counters live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -77,9 +81,11 @@ pub struct Settings {
     /// Largest gRPC message.
     pub(crate) max_message_bytes: usize,
     /// Backstop rescan period.
-    pub(crate) reload_interval: Duration,
-    /// Where traces are exported, if anywhere.
-    pub otlp_endpoint: Option<String>,
+    pub reload_interval: Duration,
+    /// Where and how traces are exported, if at all.
+    pub tracing: Option<TraceExport>,
+    /// A second listener for the Prometheus metrics, if any.
+    pub prometheus: Option<PrometheusSettings>,
     /// Readiness-false period before closing listeners.
     pub(crate) drain_delay: Duration,
     /// Longest drain.
@@ -87,7 +93,9 @@ pub struct Settings {
     /// Serve the endpoints that reveal descriptor values.
     pub(crate) debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
-    pub(crate) ignored_env: Vec<String>,
+    pub ignored_env: Vec<String>,
+    /// Settings asked for that take no effect, for one WARN line each at startup.
+    pub warnings: Vec<String>,
     /// gRPC connection age (`None`: connections live as long as clients keep them).
     pub grpc_connection_age: Option<crate::listener::ConnectionAge>,
     /// gRPC TLS (`None`: plaintext).
@@ -126,16 +134,15 @@ impl Settings {
     /// one concern at a time.
     pub fn resolve(args: &ServeArgs, env: Env<'_>) -> Result<Self, SettingsError> {
         let reference = Reference::new(env);
+        reference::refuse(reference)?;
         let (grpc_addr, http_addr) = listener::addresses(args, reference)?;
         let (log_format, log_level) = service::logging(args, reference)?;
         let response = service::response(args, reference)?;
         let limiter = service::limiter(args, reference)?;
-        if let Some(value) = reference.get("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
-            parse_go_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &value)?;
-        }
         let (store, redis) = redis::store(args, reference)?;
+        let (tracing, warnings) = observability::tracing(args, reference)?;
         Ok(Self {
-            config: listener::config_path(args, reference),
+            config: listener::config_path(args.config.as_ref(), reference),
             config_source: xds::config_source(args, reference)?,
             grpc_addr,
             http_addr,
@@ -145,9 +152,7 @@ impl Settings {
             workers: args.workers,
             log_format,
             log_level,
-            load: LoadOptions {
-                merge_domains: reference.pick(args.merge_domains, "MERGE_DOMAIN_CONFIG")?,
-            },
+            load: load_options(args.merge_domains, env)?,
             response,
             limiter,
             bounds: RequestBounds {
@@ -157,15 +162,31 @@ impl Settings {
             },
             max_message_bytes: args.max_message_bytes,
             reload_interval: args.reload_interval,
-            otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            tracing,
+            prometheus: observability::prometheus(args, reference, http_addr)?,
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
             ignored_env: reference::ignored_set(env),
+            warnings,
             grpc_tls: tls::grpc_tls(&args.tls, reference)?,
             grpc_connection_age: listener::connection_age(args, reference)?,
         })
     }
+}
+
+/// How rule files combine, as `serve` reads them: the flag, else `MERGE_DOMAIN_CONFIG`
+/// (`check` and `explain` use it too, so that they agree with `serve`).
+pub fn load_options(merge_flag: Option<bool>, env: Env<'_>) -> Result<LoadOptions, SettingsError> {
+    Ok(LoadOptions {
+        merge_domains: Reference::new(env).pick(merge_flag, "MERGE_DOMAIN_CONFIG")?,
+    })
+}
+
+/// The rules path `serve` reads: `flag`, else the reference's `RUNTIME_*` variables,
+/// else `config/`.
+pub fn config_path(flag: Option<&PathBuf>, env: Env<'_>) -> PathBuf {
+    listener::config_path(flag, Reference::new(env))
 }
 
 /// The error of a value that is not understood.

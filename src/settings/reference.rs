@@ -8,39 +8,116 @@ use super::{invalid, SettingsError};
 /// An environment lookup (`std::env::var` in production, a map in tests).
 pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// Reference variables accepted and ignored (no meaning for Sluice).
+/// Reference variables accepted and ignored: whatever their value, they change neither
+/// what is limited nor where counters live here. Each set one is named once at startup
+/// with [`why_ignored`].
 pub(crate) const IGNORED: &[&str] = &[
     "USE_STATSD",
     "STATSD_HOST",
     "STATSD_PORT",
     "GOSTATS_FLUSH_INTERVAL_SECONDS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
     "EXTRA_TAGS",
-    "BACKEND_TYPE",
-    "CACHE_KEY_PREFIX",
-    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROTO",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "REDIS_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
-    "REDIS_PERSECOND",
     "REDIS_PERSECOND_URL",
     "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_SOCKET_TYPE",
     "REDIS_PERSECOND_AUTH",
     "REDIS_PERSECOND_TLS",
     "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "DEBUG_HOST",
     "DEBUG_PORT",
     "RUNTIME_WATCH_ROOT",
     "RUNTIME_IGNOREDOTFILES",
-    "USE_PROMETHEUS",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_PATH",
-    "TRACING_ENABLED",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
 ];
+
+/// Why the ignored variable `name` is harmless, for its startup log line.
+pub(crate) fn why_ignored(name: &str) -> &'static str {
+    match name {
+        "PROMETHEUS_MAPPER_YAML" => {
+            "the mapper file is not applied: Sluice's metric names are its own (it renames metrics, it changes no limit)"
+        }
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" => {
+            "Sluice is healthy only once rules are loaded, always"
+        }
+        "RUNTIME_WATCH_ROOT" | "RUNTIME_IGNOREDOTFILES" => {
+            "Sluice watches the config directory and reads only its *.yaml and *.yml files"
+        }
+        name if name.starts_with("REDIS_PERSECOND_") => {
+            "only used with REDIS_PERSECOND=true, which Sluice refuses"
+        }
+        name if name.starts_with("MEMCACHE_") => {
+            "only used with BACKEND_TYPE=memcache, which Sluice refuses"
+        }
+        name if name.contains("STATS") || name == "EXTRA_TAGS" => {
+            "Sluice exports Prometheus metrics (the admin port's /metrics), not statsd"
+        }
+        _ => "no meaning in Sluice",
+    }
+}
+
+/// A reference variable with values Sluice cannot honour: they would change what is
+/// limited or where counters live, so `serve` refuses to start rather than pretend.
+pub(crate) struct Refusal {
+    /// The variable.
+    pub(crate) name: &'static str,
+    /// Whether a value is one Sluice honours (the harmless ones).
+    accepts: fn(&str) -> bool,
+    /// What the operator should do instead.
+    pub(crate) advice: &'static str,
+}
+
+/// The refused variables (each value [`Refusal::accepts`] is honoured or harmless).
+pub(crate) const REFUSED: &[Refusal] = &[
+    Refusal {
+        name: "BACKEND_TYPE",
+        accepts: |value| value.is_empty() || value.eq_ignore_ascii_case("redis"),
+        advice: "Sluice keeps counters in memory or in Redis (chosen by --store or REDIS_URL) and has no memcache store: unset BACKEND_TYPE or set it to redis",
+    },
+    Refusal {
+        name: "REDIS_PERSECOND",
+        accepts: |value| value.is_empty() || parse_go_bool("", value).is_ok_and(|on| !on),
+        advice: "Sluice has no second Redis for per-second limits and would count them in REDIS_URL's Redis: unset REDIS_PERSECOND (and REDIS_PERSECOND_URL) to count every limit there",
+    },
+    Refusal {
+        name: "GRPC_UDS",
+        accepts: str::is_empty,
+        advice: "Sluice serves gRPC on TCP only: unset GRPC_UDS and point Envoy at GRPC_HOST:GRPC_PORT (or --grpc-addr)",
+    },
+];
+
+/// Fails on the first refused variable `env` sets to a value Sluice cannot honour.
+pub(crate) fn refuse(env: Reference<'_>) -> Result<(), SettingsError> {
+    for refusal in REFUSED {
+        if let Some(value) = env.get(refusal.name) {
+            if !(refusal.accepts)(value.trim()) {
+                return Err(invalid(refusal.name, &value, refusal.advice));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The ignored variables that `env` sets, in [`IGNORED`] order.
 pub(crate) fn ignored_set(env: Env<'_>) -> Vec<String> {
@@ -100,7 +177,7 @@ impl<'a> Reference<'a> {
 }
 
 /// Parses a boolean as Go's `strconv.ParseBool` does (the reference's env syntax).
-pub(crate) fn parse_go_bool(name: &str, value: &str) -> Result<bool, SettingsError> {
+fn parse_go_bool(name: &str, value: &str) -> Result<bool, SettingsError> {
     match value {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),

@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::path::Path;
 
 use clap::Parser;
 
@@ -9,7 +10,7 @@ fn resolve(argv: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingsErro
     let mut full = vec!["sluice", "serve"];
     full.extend_from_slice(argv);
     let cli = Cli::try_parse_from(full).expect("arguments parse");
-    let Command::Serve(args) = cli.command else {
+    let Command::Serve(args) = cli.into_command() else {
         panic!("not serve");
     };
     let env: HashMap<String, String> = env
@@ -174,4 +175,271 @@ fn config_source_follows_config_type() {
         let error = source(&env).expect_err("refused");
         assert_eq!(error.name, name, "{error}");
     }
+}
+
+#[test]
+fn reference_values_that_change_what_is_limited_are_refused_by_name() {
+    for (name, value) in [
+        ("BACKEND_TYPE", "memcache"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND", "1"),
+        ("GRPC_UDS", "/tmp/ratelimit.sock"),
+    ] {
+        let error = resolve(&[], &[(name, value)]).expect_err("refused");
+        assert_eq!(error.name, name, "{error}");
+        assert!(error.to_string().contains(name), "{error}");
+    }
+    // The values Sluice honours are accepted, and not logged as ignored either.
+    let settings = resolve(
+        &[],
+        &[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_PERSECOND", "false"),
+            ("GRPC_UDS", ""),
+        ],
+    )
+    .expect("harmless values");
+    assert!(
+        settings.ignored_env.is_empty(),
+        "{:?}",
+        settings.ignored_env
+    );
+}
+
+#[test]
+fn each_reference_variable_has_one_status() {
+    let read_and_ignored = ["LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX"];
+    for name in read_and_ignored {
+        assert!(!reference::IGNORED.contains(&name), "{name}");
+    }
+    for refusal in reference::REFUSED {
+        assert!(
+            !reference::IGNORED.contains(&refusal.name),
+            "{}",
+            refusal.name
+        );
+    }
+    // Parsed once, then ignored, is no longer: any value is simply ignored.
+    let settings = resolve(&[], &[("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "yes")])
+        .expect("ignored whatever its value");
+    assert_eq!(
+        settings.ignored_env,
+        vec!["HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED".to_owned()]
+    );
+}
+
+#[test]
+fn cache_key_prefix_from_the_flag_or_the_reference() {
+    let prefix = |argv: &[&str], env: &[(&str, &str)]| {
+        resolve(argv, env).map(|settings| settings.redis.key_prefix.as_str().to_owned())
+    };
+    assert_eq!(prefix(&[], &[]).expect("none"), "");
+    assert_eq!(
+        prefix(&[], &[("CACHE_KEY_PREFIX", "tenant-a:")]).expect("reference"),
+        "tenant-a:"
+    );
+    assert_eq!(
+        prefix(
+            &["--cache-key-prefix", "b_"],
+            &[("CACHE_KEY_PREFIX", "tenant-a:")]
+        )
+        .expect("the flag wins"),
+        "b_"
+    );
+    // A brace would make the prefix choose every key's Redis Cluster slot.
+    let error = prefix(&[], &[("CACHE_KEY_PREFIX", "{a}")]).expect_err("refused");
+    assert!(error.to_string().contains("CACHE_KEY_PREFIX"), "{error}");
+    let error = prefix(&["--cache-key-prefix", "a{"], &[]).expect_err("refused");
+    assert!(error.to_string().contains("cache-key-prefix"), "{error}");
+}
+
+#[test]
+fn redis_tls_files_from_the_reference() {
+    let env = [
+        ("REDIS_URL", "redis:6380"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", "/tls/ca.pem"),
+        ("REDIS_TLS_CLIENT_CERT", "/tls/client.pem"),
+        ("REDIS_TLS_CLIENT_KEY", "/tls/client.key"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ];
+    let settings = resolve(&[], &env).expect("resolves");
+    let files = &settings.redis.tls_files;
+    assert!(settings.redis.tls);
+    assert_eq!(files.ca.as_deref(), Some(Path::new("/tls/ca.pem")));
+    assert_eq!(files.cert.as_deref(), Some(Path::new("/tls/client.pem")));
+    assert_eq!(files.key.as_deref(), Some(Path::new("/tls/client.key")));
+    assert!(files.insecure_skip_hostname);
+
+    let flags = resolve(&["--redis-tls-ca", "/flag/ca.pem"], &env).expect("resolves");
+    assert_eq!(
+        flags.redis.tls_files.ca.as_deref(),
+        Some(Path::new("/flag/ca.pem"))
+    );
+    let error = resolve(&[], &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")])
+        .expect_err("not a boolean");
+    assert!(error
+        .to_string()
+        .contains("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"));
+}
+
+#[test]
+fn envoy_gateway_grpc_ca_name_is_the_client_ca() {
+    let env = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ];
+    let tls = resolve(&[], &env).expect("resolves").grpc_tls.expect("TLS");
+    assert_eq!(tls.client_ca.as_deref(), Some(Path::new("/certs/ca.crt")));
+}
+
+#[test]
+fn prometheus_listener_from_use_prometheus() {
+    let prometheus = |argv: &[&str], env: &[(&str, &str)]| {
+        resolve(argv, env).map(|settings| settings.prometheus)
+    };
+    assert_eq!(
+        prometheus(&[], &[("PROMETHEUS_ADDR", ":1")]).expect("off"),
+        None
+    );
+    let on = prometheus(
+        &[],
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_PATH", "/stats"),
+        ],
+    )
+    .expect("on")
+    .expect("a listener");
+    assert_eq!(on.addr.to_string(), "0.0.0.0:19001");
+    assert_eq!(on.path, "/stats");
+    let default = prometheus(&[], &[("USE_PROMETHEUS", "1")])
+        .expect("on")
+        .expect("a listener");
+    assert_eq!(
+        (default.addr.to_string().as_str(), default.path.as_str()),
+        ("0.0.0.0:9090", "/metrics")
+    );
+    let flag = prometheus(&["--prometheus-addr", "127.0.0.1:9"], &[])
+        .expect("flag")
+        .expect("a listener");
+    assert_eq!(flag.addr.to_string(), "127.0.0.1:9");
+    for (name, value) in [
+        ("PROMETHEUS_ADDR", "nowhere"),
+        ("PROMETHEUS_PATH", "metrics"),
+    ] {
+        let error =
+            prometheus(&[], &[("USE_PROMETHEUS", "true"), (name, value)]).expect_err("refused");
+        assert!(error.to_string().contains(name), "{error}");
+    }
+    // On the admin address the admin listener serves them at /metrics only.
+    prometheus(
+        &[],
+        &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":8080")],
+    )
+    .expect("the admin address");
+    prometheus(
+        &[],
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":8080"),
+            ("PROMETHEUS_PATH", "/other"),
+        ],
+    )
+    .expect_err("another path on the admin address");
+}
+
+#[test]
+fn tracing_from_the_reference_variables() {
+    let tracing = |argv: &[&str], env: &[(&str, &str)]| {
+        resolve(argv, env).map(|settings| (settings.tracing, settings.warnings))
+    };
+    let grpc = [
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+        ("TRACING_SERVICE_NAME", "ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+        ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+        ("TRACING_SAMPLING_RATE", "0.25"),
+    ];
+    let (export, warnings) = tracing(&[], &grpc).expect("resolves");
+    let export = export.expect("exports");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(export.endpoint, "http://collector:4317");
+    assert_eq!(export.service_name, "ratelimit");
+    assert_eq!(
+        export.service_namespace.as_deref(),
+        Some("envoy-gateway-system")
+    );
+    assert_eq!(export.service_instance_id.as_deref(), Some("pod-1"));
+    assert!((export.sampling_ratio - 0.25).abs() < f64::EPSILON);
+
+    // TRACING_ENABLED=false wins over the endpoint; unset, the endpoint alone exports.
+    let off = tracing(&[], &[("TRACING_ENABLED", "false"), grpc[2]]).expect("resolves");
+    assert_eq!(off.0, None);
+    let endpoint_only = tracing(&[], &[grpc[2]])
+        .expect("resolves")
+        .0
+        .expect("exports");
+    assert_eq!(endpoint_only.service_name, "sluice");
+    assert!((endpoint_only.sampling_ratio - 1.0).abs() < f64::EPSILON);
+
+    // OTLP/HTTP (the reference's default protocol) is not built in: said, not exported.
+    let (export, warnings) =
+        tracing(&[], &[("TRACING_ENABLED", "true"), grpc[2]]).expect("resolves");
+    assert_eq!(export, None);
+    assert!(
+        warnings[0].contains("TRACING_EXPORTER_PROTOCOL"),
+        "{warnings:?}"
+    );
+
+    for (name, value) in [
+        ("TRACING_SAMPLING_RATE", "1.5"),
+        ("TRACING_SAMPLING_RATE", "-0.1"),
+        ("TRACING_SAMPLING_RATE", "half"),
+        ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+    ] {
+        let error = tracing(&[], &[(name, value)]).expect_err("refused");
+        assert!(error.to_string().contains(name), "{error}");
+    }
+    let flag = tracing(
+        &["--otlp-endpoint", "http://c:4317"],
+        &[("TRACING_ENABLED", "false")],
+    )
+    .expect("resolves")
+    .0
+    .expect("the flag exports");
+    assert_eq!(flag.endpoint, "http://c:4317");
+}
+
+#[test]
+fn no_subcommand_is_serve_from_the_environment() {
+    let command = Cli::try_parse_from(["/bin/ratelimit"])
+        .expect("no arguments parse")
+        .into_command();
+    assert!(matches!(command, Command::Serve(_)));
+}
+
+#[test]
+fn check_and_explain_read_merge_domain_config() {
+    let env = |name: &str| (name == "MERGE_DOMAIN_CONFIG").then(|| "true".to_owned());
+    assert!(load_options(None, &env).expect("resolves").merge_domains);
+    assert!(
+        !load_options(Some(false), &env)
+            .expect("resolves")
+            .merge_domains
+    );
+    let runtime = |name: &str| match name {
+        "RUNTIME_ROOT" => Some("/data".to_owned()),
+        "RUNTIME_SUBDIRECTORY" => Some("ratelimit".to_owned()),
+        _ => None,
+    };
+    assert_eq!(
+        config_path(None, &runtime),
+        PathBuf::from("/data/ratelimit/config")
+    );
 }

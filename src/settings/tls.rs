@@ -1,5 +1,6 @@
 //! gRPC TLS: the `--grpc-tls-*` flags, or the reference's `GRPC_SERVER_*` and
-//! `GRPC_CLIENT_TLS_*` variables when `GRPC_SERVER_USE_TLS` is true.
+//! `GRPC_CLIENT_TLS_*` variables when `GRPC_SERVER_USE_TLS` is true (and Envoy
+//! Gateway's `GRPC_SERVER_TLS_CA_CERT` for the reference's `GRPC_CLIENT_TLS_CACERT`).
 
 use std::path::PathBuf;
 
@@ -30,7 +31,8 @@ pub(crate) fn grpc_tls(
     let client_ca = args
         .grpc_tls_client_ca
         .clone()
-        .or_else(|| reference("GRPC_CLIENT_TLS_CACERT"));
+        .or_else(|| reference("GRPC_CLIENT_TLS_CACERT"))
+        .or_else(|| reference("GRPC_SERVER_TLS_CA_CERT"));
     let mut client_sans = san_list(args.grpc_tls_client_san.iter().map(String::as_str));
     if client_sans.is_empty() && use_tls {
         client_sans = san_list(

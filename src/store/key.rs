@@ -13,6 +13,8 @@
 //! fixed window of the same unit shares the counter. The numbers are not part of it: a
 //! limit edited from 10 to 8 keeps its count.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::algorithm::{AlgorithmKind, Micros};
@@ -71,6 +73,44 @@ impl CounterKey {
         }
         out
     }
+}
+
+/// A deployment's prefix on every key it writes to Redis (the reference's
+/// `CACHE_KEY_PREFIX`), so that deployments sharing one Redis keep separate counters.
+/// It never holds `{` or `}`: the key's hash tag must stay the digest, which chooses
+/// the Redis Cluster slot. Built once at startup; every key copies its bytes into the
+/// buffer it is written in, so it costs no allocation per request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyPrefix(Arc<str>);
+
+impl KeyPrefix {
+    /// The prefix `text`, or why it cannot be one.
+    pub fn new(text: &str) -> Result<Self, KeyPrefixError> {
+        if text.contains(['{', '}']) {
+            return Err(KeyPrefixError::Brace);
+        }
+        Ok(Self(Arc::from(text)))
+    }
+
+    /// The prefix as written before each key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for KeyPrefix {
+    /// No prefix.
+    fn default() -> Self {
+        Self(Arc::from(""))
+    }
+}
+
+/// A text that cannot prefix Redis keys.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyPrefixError {
+    /// A brace would make part of the prefix the key's hash tag in a Redis Cluster.
+    #[error("a key prefix may not contain `{{` or `}}`: the Redis Cluster slot of every key would follow it")]
+    Brace,
 }
 
 /// Key of one limit's state: the descriptor's counter key and the limit's position.

@@ -11,8 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros, Quota};
-pub use key::CounterKey;
 pub(crate) use key::LimitKey;
+pub use key::{CounterKey, KeyPrefix, KeyPrefixError};
 
 /// One limit to decide within a [`StoreCheck`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -25,6 +25,7 @@ async fn memory_usage_per_key() {
         batch_window: Duration::from_micros(100),
         batch_max: 256,
         queue: 1024,
+        key_prefix: Default::default(),
     };
     let store = RedisStore::new(&options, Arc::new(Metrics::new())).expect("store");
     let kinds = [
@@ -64,7 +65,7 @@ async fn memory_usage_per_key() {
         let bytes: Option<u64> = store
             .client_for(key)
             .expect("the node is known")
-            .memory_usage(limit_key(key, 0), Some(0))
+            .memory_usage(limit_key(&Default::default(), key, 0), Some(0))
             .await
             .expect("MEMORY USAGE");
         let bytes = bytes.expect("key exists");

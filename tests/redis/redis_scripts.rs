@@ -524,7 +524,7 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
 /// Runs `command` (a Redis command and its arguments, the key left out) on limit 0 of
 /// `key`: a value of our own choosing where the script will look.
 fn store_raw(server: &RedisServer, key: CounterKey, command: &[&str]) {
-    let name = sluice::store::redis::script::limit_key(key, 0);
+    let name = sluice::store::redis::script::limit_key(&Default::default(), key, 0);
     let mut args = vec![command[0], name.as_str()];
     args.extend_from_slice(&command[1..]);
     server.cli(&args);
@@ -543,7 +543,7 @@ impl NowValue for ManualClock {
 /// The state stored under limit 0 of `key`, as text: the token bucket's binary state
 /// ('T' and two little-endian doubles) is decoded by Redis and printed exactly.
 fn stored_state(server: &RedisServer, key: CounterKey) -> String {
-    let name = sluice::store::redis::script::limit_key(key, 0);
+    let name = sluice::store::redis::script::limit_key(&Default::default(), key, 0);
     const TEXT: &str = "local raw = redis.call('GET', KEYS[1]) \
         if #raw == 17 and string.byte(raw, 1) == 84 then \
           local _, deficit, last = struct.unpack('<c1dd', raw) \
@@ -576,7 +576,7 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         .into(),
         cost: 1,
     };
-    let name = sluice::store::redis::script::limit_key(key, 0);
+    let name = sluice::store::redis::script::limit_key(&Default::default(), key, 0);
     server.cli(&["SET", &name, "t 9.25 1800000000000000"]);
     let mut state = State {
         deficit: 9.25,

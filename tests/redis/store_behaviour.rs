@@ -230,7 +230,10 @@ async fn separator_tricks_never_share_a_redis_counter() {
         &[],
         [],
     );
-    assert_ne!(limit_key(joined, 0), limit_key(split, 0));
+    assert_ne!(
+        limit_key(&Default::default(), joined, 0),
+        limit_key(&Default::default(), split, 0)
+    );
     let limits: Arc<[LimitCheck]> = vec![limit(AlgorithmKind::FixedWindow, 3, 3)].into();
     let drain = StoreCheck {
         key: joined,
@@ -249,5 +252,8 @@ async fn separator_tricks_never_share_a_redis_counter() {
     assert_eq!(d[0].remaining, 2);
     let keys = server.cli(&["--scan", "--pattern", "sluice:*"]);
     assert_eq!(keys.lines().count(), 2, "two distinct keys: {keys}");
-    assert!(keys.contains(&limit_key(joined, 0)) && keys.contains(&limit_key(split, 0)));
+    assert!(
+        keys.contains(&limit_key(&Default::default(), joined, 0))
+            && keys.contains(&limit_key(&Default::default(), split, 0))
+    );
 }

@@ -33,7 +33,7 @@ fn bench_args(flags: &str) -> BenchArgs {
     let argv = ["sluice", "bench"]
         .into_iter()
         .chain(flags.split_whitespace());
-    match Cli::parse_from(argv).command {
+    match Cli::parse_from(argv).into_command() {
         Command::Bench(args) => *args,
         _ => unreachable!("parsed the bench command"),
     }

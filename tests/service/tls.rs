@@ -213,7 +213,7 @@ fn tls_settings_that_cannot_work_are_refused_at_start() {
     use clap::Parser;
     use sluice::settings::{Cli, Command, Settings};
     let resolve = |argv: &[&str], env: &[(&str, &str)]| {
-        let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else {
+        let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").into_command() else {
             panic!("serve");
         };
         let env: Vec<(String, String)> = env
@@ -299,7 +299,11 @@ async fn a_server_whose_tls_files_do_not_load_does_not_start() {
         .await
         .expect("bind");
     let result = sluice::server::run(
-        sluice::server::Listeners { grpc, http },
+        sluice::server::Listeners {
+            grpc,
+            http,
+            prometheus: None,
+        },
         settings,
         std::future::pending(),
     )

@@ -196,6 +196,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
         .zip(&commits)
         .map(|(members, commit)| {
             Call::new(
+                &shared.key_prefix,
                 members.iter().map(|m| &jobs[m.job].checks[m.check]),
                 *commit,
                 None,

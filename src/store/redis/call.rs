@@ -18,7 +18,7 @@ use super::health::Health;
 use super::nodes::{Node, Nodes};
 use super::script::{self, Call};
 use crate::algorithm::Decision;
-use crate::store::StoreError;
+use crate::store::{KeyPrefix, StoreError};
 use crate::telemetry::Metrics;
 
 /// What every call of a backend (one lane's, or the main one) needs: its nodes, the
@@ -35,7 +35,9 @@ pub(crate) struct Shared {
     /// Most checks in one batch.
     pub(crate) max: usize,
     /// Batch size and store metrics.
-    pub(crate) metrics: Arc<Metrics>,
+    pub metrics: Arc<Metrics>,
+    /// Written before every key, so deployments sharing a Redis count apart.
+    pub key_prefix: KeyPrefix,
 }
 
 #[cfg(feature = "test-hooks")]
@@ -63,7 +65,7 @@ pub(crate) async fn warm_up(shared: &Shared, limit: Duration) {
     let deadline = Instant::now() + limit;
     shared.nodes.wait_known(limit).await;
     let topology = shared.nodes.topology_now();
-    let nothing = Call::new(std::iter::empty(), false, None);
+    let nothing = Call::new(&shared.key_prefix, std::iter::empty(), false, None);
     let nodes = topology.nodes().iter().map(|node| {
         let node = node.clone();
         let nothing = &nothing;

@@ -22,7 +22,7 @@ use percent_encoding::percent_decode_str;
 use url::{Host, Url};
 
 use super::tls::RedisTls;
-use crate::store::StoreError;
+use crate::store::{KeyPrefix, StoreError};
 use crate::telemetry::Metrics;
 
 /// Which Redis deployment the URL points at.
@@ -60,6 +60,8 @@ pub struct RedisOptions {
     pub batch_max: usize,
     /// Most calls waiting for the batcher; beyond it calls fail at once.
     pub queue: usize,
+    /// Written before every key (the reference's `CACHE_KEY_PREFIX`).
+    pub key_prefix: KeyPrefix,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -74,6 +76,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("batch_window", &self.batch_window)
             .field("batch_max", &self.batch_max)
             .field("queue", &self.queue)
+            .field("key_prefix", &self.key_prefix)
             .finish()
     }
 }
@@ -709,6 +712,7 @@ mod tests {
             batch_window: Duration::ZERO,
             batch_max: 128,
             queue: 1024,
+            key_prefix: KeyPrefix::default(),
         }
     }
 
@@ -869,6 +873,7 @@ mod tests {
             batch_window: Duration::from_micros(100),
             batch_max: 256,
             queue: 1024,
+            key_prefix: KeyPrefix::default(),
         };
         let config = config(&options).expect("config");
         assert_eq!(config.username.as_deref(), Some("user"));
@@ -951,6 +956,7 @@ mod tests {
             batch_window: Duration::from_micros(100),
             batch_max: 256,
             queue: 1024,
+            key_prefix: KeyPrefix::default(),
         };
         let error = config(&options)
             .err()

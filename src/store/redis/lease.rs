@@ -12,7 +12,7 @@ use fred::types::Value;
 use super::call::{run_call, Shared};
 use super::script::{limit_key, number, Call, Entry};
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
-use crate::store::{LeaseGrant, LeaseRequest, StoreError};
+use crate::store::{KeyPrefix, LeaseGrant, LeaseRequest, StoreError};
 
 /// Integers the script returns.
 const REPLY_WIDTH: usize = 8;
@@ -28,8 +28,13 @@ fn algorithm_code(kind: AlgorithmKind) -> Option<u8> {
     }
 }
 
-/// The lease call for `request`; `now` overrides Redis `TIME` (tests only).
-fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError> {
+/// The lease call for `request`, its key after `prefix`; `now` overrides Redis `TIME`
+/// (tests only).
+fn call(
+    prefix: &KeyPrefix,
+    request: &LeaseRequest,
+    now: Option<Micros>,
+) -> Result<Call, StoreError> {
     let check = &request.check;
     let [limit] = &check.limits[..] else {
         return Err(StoreError::Protocol(format!(
@@ -54,7 +59,7 @@ fn call(request: &LeaseRequest, now: Option<Micros>) -> Result<Call, StoreError>
         number(request.lifetime),
         number(granted_lifetime),
     ];
-    let key = Value::Bytes(Bytes::from(limit_key(check.key, 0)));
+    let key = Value::Bytes(Bytes::from(limit_key(prefix, check.key, 0)));
     Ok(Call::of(Entry::Lease, vec![key], argv))
 }
 
@@ -64,7 +69,7 @@ pub(crate) async fn run(
     request: &LeaseRequest,
     now: Option<Micros>,
 ) -> Result<LeaseGrant, StoreError> {
-    let call = call(request, now)?;
+    let call = call(&shared.key_prefix, request, now)?;
     let node = shared.nodes.topology().route(call.slot()).cloned();
     run_call(shared, node, &call, Instant::now() + shared.timeout, decode).await
 }

@@ -5,7 +5,8 @@
 //! later, [`functions`]) that mirrors `src/algorithm/`
 //! exactly, reads Redis `TIME` as its only clock, decides every limit of a descriptor
 //! before writing anything (all-or-nothing), and sets a TTL no longer than the state
-//! needs on every key it writes. Keys are `sluice:{<digest hex>}:<limit index>`: the
+//! needs on every key it writes. Keys are `<prefix>sluice:{<digest hex>}:<limit index>`
+//! (the prefix is the deployment's `--cache-key-prefix`, empty by default): the
 //! hash tag is our digest of the unambiguous descriptor encoding, so client bytes never
 //! choose the slot and all limits of a descriptor share one. Calls go through the
 //! [`batcher`]; the client ([`client`]) never re-sends an in-flight call. A circuit
@@ -159,7 +160,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;
-        let call = script::Call::new(checks, commit, Some(now));
+        let call = script::Call::new(&shared.key_prefix, checks, commit, Some(now));
         let mut results = call::run_calls(shared, std::slice::from_ref(&call)).await;
         let result = results
             .pop()
@@ -196,6 +197,7 @@ impl Backend {
             window: options.batch_window,
             max: options.batch_max.max(1),
             metrics: metrics.clone(),
+            key_prefix: options.key_prefix.clone(),
         });
         let (jobs, queue) = mpsc::channel(options.queue.max(1));
         tokio::spawn(batcher::collect(queue, shared.clone()));

@@ -19,7 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use fred::types::Value;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
-use crate::store::{CounterKey, LimitCheck, StoreCheck, StoreError};
+use crate::store::{CounterKey, KeyPrefix, LimitCheck, StoreCheck, StoreError};
 
 /// The shared helpers and every algorithm, which each entry point (a file under
 /// `scripts/`) follows.
@@ -101,10 +101,11 @@ const REPLY_WIDTH: usize = 5;
 /// Bytes of one number of the reply (a little-endian double).
 const NUMBER_BYTES: usize = 8;
 
-/// Redis key of limit `index` of the descriptor `key`: our digest is the hash tag, so
-/// every limit of a descriptor lives in one slot.
-pub fn limit_key(key: CounterKey, index: usize) -> String {
-    format!("sluice:{{{}}}:{index}", key.hex())
+/// Redis key of limit `index` of the descriptor `key`, after the deployment's `prefix`:
+/// our digest is the hash tag (the prefix holds no brace), so every limit of a
+/// descriptor lives in one slot.
+pub fn limit_key(prefix: &KeyPrefix, key: CounterKey, index: usize) -> String {
+    format!("{}sluice:{{{}}}:{index}", prefix.as_str(), key.hex())
 }
 
 /// Hash slot of every limit key of the descriptor `key` (the slot of its hash tag, the
@@ -113,16 +114,19 @@ pub(crate) fn slot(key: CounterKey) -> u16 {
     fred::util::redis_keyslot(&key.hex_bytes())
 }
 
-/// Bytes of one limit key: room for the prefix, the tag, and any index.
+/// Bytes of one limit key after the deployment's prefix: room for `sluice:`, the tag,
+/// and any index.
 const KEY_CAPACITY: usize = 64;
 /// Keys written into one shared buffer before the next one is allocated.
 const KEYS_PER_BUFFER: usize = 32;
 
 /// [`limit_key`] written into `buffer` (which many keys share) and split off it.
-fn limit_key_in(key: CounterKey, index: usize, buffer: &mut BytesMut) -> Bytes {
-    if buffer.capacity() < KEY_CAPACITY {
-        *buffer = BytesMut::with_capacity(KEY_CAPACITY * KEYS_PER_BUFFER);
+fn limit_key_in(prefix: &[u8], key: CounterKey, index: usize, buffer: &mut BytesMut) -> Bytes {
+    let room = prefix.len() + KEY_CAPACITY;
+    if buffer.capacity() < room {
+        *buffer = BytesMut::with_capacity(room * KEYS_PER_BUFFER);
     }
+    buffer.put_slice(prefix);
     buffer.put_slice(b"sluice:{");
     buffer.put_slice(&key.hex_bytes());
     buffer.put_slice(b"}:");
@@ -188,10 +192,11 @@ impl Call {
         self.slot
     }
 
-    /// A call deciding `checks` in order; `now` overrides Redis `TIME` (tests only).
-    /// Each distinct rule (list of limits) is sent once, and each run of checks names
-    /// its rule by index: the checks of a batch mostly share one.
-    pub(crate) fn new<'a>(
+    /// A call deciding `checks` in order, their keys after `prefix`; `now` overrides
+    /// Redis `TIME` (tests only). Each distinct rule (list of limits) is sent once, and
+    /// each run of checks names its rule by index: the checks of a batch mostly share one.
+    pub fn new<'a>(
+        prefix: &KeyPrefix,
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,
         now: Option<Micros>,
@@ -238,6 +243,7 @@ impl Call {
             }
             for index in 0..check.limits.len() {
                 keys.push(Value::Bytes(limit_key_in(
+                    prefix.as_str().as_bytes(),
                     check.key,
                     index,
                     &mut key_buffer,
@@ -393,16 +399,19 @@ mod tests {
 
     #[test]
     fn keys_built_in_a_shared_buffer_equal_the_formatted_ones() {
-        let mut buffer = BytesMut::new();
-        for n in 0..100u128 {
-            let key = CounterKey(n.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835));
-            let index = (n % 12) as usize;
-            let built = limit_key_in(key, index, &mut buffer);
-            assert_eq!(built, limit_key(key, index).as_bytes());
-            assert_eq!(
-                slot(key),
-                fred::util::redis_keyslot(limit_key(key, index).as_bytes())
-            );
+        for prefix in ["", "tenant-a:", &"long-prefix:".repeat(20)] {
+            let prefix = KeyPrefix::new(prefix).expect("a prefix");
+            let mut buffer = BytesMut::new();
+            for n in 0..100u128 {
+                let key = CounterKey(n.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835));
+                let index = (n % 12) as usize;
+                let built = limit_key_in(prefix.as_str().as_bytes(), key, index, &mut buffer);
+                let formatted = limit_key(&prefix, key, index);
+                assert_eq!(built, formatted.as_bytes());
+                assert!(formatted.starts_with(prefix.as_str()));
+                // The prefix never moves the slot: the digest stays the hash tag.
+                assert_eq!(slot(key), fred::util::redis_keyslot(formatted.as_bytes()));
+            }
         }
     }
 }

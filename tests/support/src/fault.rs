@@ -166,6 +166,7 @@ pub fn assert_all_answered(answers: &[Answer], what: &str) {
 pub fn redis_key(key: &str, value: &str) -> String {
     let entries = [RuleEntry { key, value }];
     limit_key(
+        &Default::default(),
         CounterKey::new(
             DOMAIN,
             &entries,

@@ -105,6 +105,7 @@ impl TestServer {
             Listeners {
                 grpc: grpc_listener,
                 http: http_listener,
+                prometheus: None,
             },
             settings,
             clock,
@@ -214,7 +215,7 @@ pub async fn instances(
 /// Resolves `serve` settings from argv and an explicit environment.
 pub fn settings_from(argv: &[&str], env: &[(String, String)]) -> Settings {
     let cli = Cli::try_parse_from(argv).expect("serve arguments");
-    let Command::Serve(args) = cli.command else {
+    let Command::Serve(args) = cli.into_command() else {
         panic!("not a serve command");
     };
     let env: HashMap<String, String> = env.iter().cloned().collect();

@@ -391,6 +391,7 @@ pub fn store_options(
         batch_window: Duration::from_micros(100),
         batch_max: 256,
         queue: 4096,
+        key_prefix: Default::default(),
     }
 }
 

@@ -62,7 +62,7 @@ pub(crate) fn why_ignored(name: &str) -> &'static str {
             "Sluice is healthy only once rules are loaded, always"
         }
         "RUNTIME_WATCH_ROOT" | "RUNTIME_IGNOREDOTFILES" => {
-            "Sluice watches the config directory and reads only its *.yaml and *.yml files"
+            "Sluice always skips dotfiles, reads only *.yaml and *.yml files and watches the config directory itself"
         }
         name if name.starts_with("REDIS_PERSECOND_") => {
             "only used with REDIS_PERSECOND=true, which Sluice refuses"

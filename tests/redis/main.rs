@@ -3,6 +3,7 @@
 //! the hand-run hot-key load measurement.
 
 mod hotkeys_load;
+mod key_prefix;
 mod redis_deadlines;
 mod redis_lease;
 mod redis_memory;

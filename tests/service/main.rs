@@ -6,6 +6,7 @@ mod admin;
 #[cfg(feature = "bench")]
 mod bench_tool;
 mod cli;
+mod drop_in;
 mod lifecycle;
 #[cfg(feature = "otel")]
 mod otlp;

@@ -21,10 +21,12 @@ use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::process::SluiceProcess;
 use support::redis::free_port;
 
-/// One exported span: its service, name and string attributes.
+/// One exported span: its service, its resource's attributes, name and string
+/// attributes.
 #[derive(Clone, Debug)]
 struct Span {
     service: String,
+    resource: Vec<(String, String)>,
     name: String,
     attributes: Vec<(String, String)>,
 }
@@ -88,6 +90,7 @@ impl TraceService for Receiver {
                 for span in scope.spans {
                     spans.push(Span {
                         service: service.clone(),
+                        resource: resource.clone(),
                         name: span.name,
                         attributes: text(&span.attributes),
                     });
@@ -98,41 +101,117 @@ impl TraceService for Receiver {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
+/// A receiver listening on a free port, and that port.
+fn receiver() -> (Receiver, u16) {
     let receiver = Receiver::default();
     let port = free_port();
     let server = tonic::transport::Server::builder()
         .add_service(TraceServiceServer::new(receiver.clone()))
         .serve(([127, 0, 0, 1], port).into());
     tokio::spawn(server);
+    (receiver, port)
+}
 
+/// A rule directory for domain `bench`.
+fn rules() -> tempfile::TempDir {
     let config = tempfile::tempdir().expect("temp dir");
     support::write_file(
         config.path(),
         "rules.yaml",
         "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let (mut sluice, grpc, _) =
-        SluiceProcess::serve(config.path(), &["--otlp-endpoint", &endpoint]);
+    config
+}
+
+/// Sends `n` calls to Sluice at `grpc`.
+async fn calls(grpc: &str, n: usize) {
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect to sluice");
-    for n in 0..20 {
+    for n in 0..n {
         client
             .should_rate_limit(support::user_request(&format!("u{n}")))
             .await
             .expect("a call");
     }
+}
 
-    // The batch exporter sends every few seconds: stop Sluice now, and the spans still
-    // batched must arrive before it exits.
+/// Stops Sluice with SIGTERM (the batched spans are flushed on the way out).
+async fn stop(mut sluice: SluiceProcess) {
     sluice.terminate();
     let exit = tokio::task::spawn_blocking(move || sluice.wait_exit(Duration::from_secs(15)))
         .await
         .expect("wait task");
     assert!(exit.success(), "exit {exit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_references_tracing_variables_name_the_service_and_sample() {
+    let (receiver, port) = receiver();
+    let config = rules();
+    let dir = config.path().to_str().expect("UTF-8");
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut env = vec![
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("TRACING_SERVICE_NAME", "ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+        ("TRACING_SERVICE_INSTANCE_ID", "pod-7"),
+        ("TRACING_SAMPLING_RATE", "1"),
+    ];
+    let args = [
+        "serve",
+        "--config",
+        dir,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ];
+    let (sluice, grpc, _) = SluiceProcess::start(&args, &env);
+    calls(&grpc, 5).await;
+    stop(sluice).await;
+    let spans = receiver.spans();
+    assert_eq!(
+        spans.iter().filter(|s| s.name == "rls.request").count(),
+        5,
+        "{spans:?}"
+    );
+    for span in &spans {
+        assert_eq!(span.service, "ratelimit");
+        for (key, value) in [
+            ("service.namespace", "envoy-gateway-system"),
+            ("service.instance.id", "pod-7"),
+        ] {
+            assert!(
+                span.resource.contains(&(key.to_owned(), value.to_owned())),
+                "{span:?}"
+            );
+        }
+    }
+
+    // A sampling rate of 0 keeps no trace.
+    env.retain(|(name, _)| *name != "TRACING_SAMPLING_RATE");
+    env.push(("TRACING_SAMPLING_RATE", "0"));
+    let (sluice, grpc, _) = SluiceProcess::start(&args, &env);
+    calls(&grpc, 5).await;
+    stop(sluice).await;
+    assert_eq!(receiver.spans().len(), spans.len(), "sampled out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
+    let (receiver, port) = receiver();
+    let config = rules();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (sluice, grpc, _) = SluiceProcess::serve(config.path(), &["--otlp-endpoint", &endpoint]);
+    calls(&grpc, 20).await;
+    // The batch exporter sends every few seconds: stop Sluice now, and the spans still
+    // batched must arrive before it exits.
+    stop(sluice).await;
 
     let spans = receiver.spans();
     let requests: Vec<&Span> = spans.iter().filter(|s| s.name == "rls.request").collect();

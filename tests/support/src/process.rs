@@ -12,6 +12,8 @@ pub struct SluiceProcess {
     child: Child,
     /// The WARN and ERROR lines read from its log so far.
     warnings: Arc<Mutex<Vec<String>>>,
+    /// Every line read from its log so far.
+    lines: Arc<Mutex<Vec<String>>>,
     /// Reads its log until the process closes its stdout.
     reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -31,20 +33,20 @@ impl SluiceProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> (Self, String, String) {
-        let mut command = Command::new(crate::sluice_bin());
-        command
-            .args(["serve", "--config"])
-            .arg(config)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--log-format", "json"])
-            .args(extra)
-            .envs(env.iter().copied());
-        Self::spawn(command)
+        let config = config.to_str().expect("a UTF-8 path");
+        let mut args = vec!["serve", "--config", config];
+        args.extend(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
+        args.extend(["--log-format", "json"]);
+        args.extend(extra);
+        Self::start(&args, env)
     }
 
-    /// Runs `command` (a `sluice` that logs JSON) and waits for its addresses.
-    pub fn spawn(mut command: Command) -> (Self, String, String) {
-        let mut child = command
+    /// Starts `sluice ARGS` with `env` added to the test's environment; it must log JSON
+    /// (`--log-format json` or `LOG_FORMAT=json`). Returns as [`Self::serve`] does.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> (Self, String, String) {
+        let mut child = Command::new(crate::sluice_bin())
+            .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -52,6 +54,8 @@ impl SluiceProcess {
         let stdout = child.stdout.take().expect("stdout");
         let warnings = Arc::new(Mutex::new(Vec::new()));
         let logged = warnings.clone();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let all = lines.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -67,11 +71,13 @@ impl SluiceProcess {
                     let _ = tx.send((addr("grpc"), addr("http")));
                 }
                 eprintln!("sluice: {line}");
+                all.lock().expect("lines").push(line);
             }
         });
         let process = Self {
             child,
             warnings,
+            lines,
             reader: Some(reader),
         };
         let (grpc, http) = rx
@@ -91,6 +97,16 @@ impl SluiceProcess {
             reader.join().expect("log reader");
         }
         self.warnings.lock().expect("warnings").clone()
+    }
+
+    /// The log lines read so far that contain `needle`.
+    pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
+        let lines = self.lines.lock().expect("lines");
+        lines
+            .iter()
+            .filter(|line| line.contains(needle))
+            .cloned()
+            .collect()
     }
 
     /// Sends SIGTERM.

@@ -400,9 +400,15 @@ pub async fn connected_store(
     mode: sluice::store::redis::RedisMode,
     url: String,
 ) -> sluice::store::redis::RedisStore {
+    connected_store_with(&store_options(mode, url)).await
+}
+
+/// A Redis store with `options`, once its connection is up.
+pub async fn connected_store_with(
+    options: &sluice::store::redis::RedisOptions,
+) -> sluice::store::redis::RedisStore {
     let metrics = std::sync::Arc::new(sluice::telemetry::Metrics::new());
-    let store = sluice::store::redis::RedisStore::new(&store_options(mode, url), metrics)
-        .expect("redis store");
+    let store = sluice::store::redis::RedisStore::new(options, metrics).expect("redis store");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !store.is_connected() {
         assert!(Instant::now() < deadline, "redis store did not connect");

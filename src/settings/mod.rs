@@ -199,4 +199,6 @@ fn invalid(name: &str, value: &str, reason: &str) -> SettingsError {
 }
 
 #[cfg(test)]
+mod table_tests;
+#[cfg(test)]
 mod tests;

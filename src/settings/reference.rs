@@ -70,7 +70,15 @@ pub(crate) fn why_ignored(name: &str) -> &'static str {
         name if name.starts_with("MEMCACHE_") => {
             "only used with BACKEND_TYPE=memcache, which Sluice refuses"
         }
-        name if name.contains("STATS") || name == "EXTRA_TAGS" => {
+        "USE_STATSD"
+        | "STATSD_HOST"
+        | "STATSD_PORT"
+        | "GOSTATS_FLUSH_INTERVAL_SECONDS"
+        | "STATS_FLUSH_INTERVAL"
+        | "DISABLE_STATS"
+        | "USE_DOG_STATSD"
+        | "USE_DOG_STATSD_MOGRIFIERS"
+        | "EXTRA_TAGS" => {
             "Sluice exports Prometheus metrics (the admin port's /metrics), not statsd"
         }
         _ => "no meaning in Sluice",

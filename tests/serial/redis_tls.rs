@@ -341,3 +341,41 @@ async fn rotated_ca_and_client_certificate_are_used_without_a_restart() {
     server.stop().await;
     drop(redis);
 }
+
+/// Envoy Gateway's way: no Redis flag at all, only the reference's variables
+/// (`REDIS_URL` without a scheme, `REDIS_TLS`, `REDIS_AUTH`, `REDIS_TLS_CACERT`,
+/// `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`), and
+/// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` for a certificate of another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_references_tls_variables_alone_configure_mutual_tls() {
+    let _serial = serial().await;
+    captured_log();
+    let ca = Ca::new("redis test ca");
+    let redis = TlsRedis::start(&ca, &ca.server(&["redis.elsewhere.example"]));
+    let files = client_files(&ca, &ca);
+    let env = |skip: &str| -> Vec<(String, String)> {
+        [
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("localhost:{}", redis.port)),
+            ("REDIS_TLS", "true".to_owned()),
+            ("REDIS_AUTH", format!("sluice:{PASSWORD}")),
+            ("REDIS_TLS_CACERT", path(&files.ca).to_owned()),
+            ("REDIS_TLS_CLIENT_CERT", path(&files.cert).to_owned()),
+            ("REDIS_TLS_CLIENT_KEY", path(&files.key).to_owned()),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", skip.to_owned()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
+    };
+    let start = |env: Vec<(String, String)>| async move {
+        let rules = [("tls.yaml".to_owned(), rules())];
+        TestServer::start(&rules, &env, &["--redis-timeout", "500ms"]).await
+    };
+    let server = start(env("false")).await;
+    assert_refused(&server, "reference-hostname").await;
+    server.stop().await;
+    let server = start(env("true")).await;
+    assert_exact(&server, "reference").await;
+    server.stop().await;
+}

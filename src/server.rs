@@ -144,9 +144,6 @@ async fn serve<S: Store>(
         let why = crate::settings::reference::why_ignored(name);
         tracing::info!(variable = %name, why, "reference setting ignored");
     }
-    for warning in &settings.warnings {
-        tracing::warn!("{warning}");
-    }
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
     let service = Service::builder(store, rules.clone())
         .clock(clock)

@@ -740,10 +740,22 @@ fn quiet_client_router(
     }
 }
 
-/// Where and how traces are exported over OTLP/gRPC (with the `otel` feature).
+/// How spans travel to the collector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (port 4317 by convention).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (port 4318, path `/v1/traces`).
+    Http,
+}
+
+/// Where and how traces are exported over OTLP (with the `otel` feature).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceExport {
-    /// The collector, with its scheme (`http://collector:4317`).
+    /// The protocol.
+    pub protocol: OtlpProtocol,
+    /// The collector, with its scheme (`http://collector:4317`); over HTTP, the whole
+    /// traces URL (`http://collector:4318/v1/traces`).
     pub endpoint: String,
     /// The `service.name` resource attribute.
     pub service_name: String,
@@ -802,7 +814,7 @@ pub fn init(format: LogFormat, level: &str, export: Option<&TraceExport>) -> Tel
     }
 }
 
-/// OTLP export over gRPC (tonic).
+/// OTLP export over gRPC (tonic) or HTTP.
 #[cfg(feature = "otel")]
 mod otel {
     use opentelemetry::trace::TracerProvider as _;
@@ -821,11 +833,17 @@ mod otel {
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(&export.endpoint)
-            .build()
-            .map_err(|error| error.to_string())?;
+        let exporter = match export.protocol {
+            super::OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(&export.endpoint)
+                .build(),
+            super::OtlpProtocol::Http => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(&export.endpoint)
+                .build(),
+        }
+        .map_err(|error| error.to_string())?;
         let optional = [
             ("service.namespace", &export.service_namespace),
             ("service.instance.id", &export.service_instance_id),

@@ -94,8 +94,6 @@ pub struct Settings {
     pub(crate) debug_endpoints: bool,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
-    /// Settings asked for that take no effect, for one WARN line each at startup.
-    pub warnings: Vec<String>,
     /// gRPC connection age (`None`: connections live as long as clients keep them).
     pub grpc_connection_age: Option<crate::listener::ConnectionAge>,
     /// gRPC TLS (`None`: plaintext).
@@ -140,7 +138,7 @@ impl Settings {
         let response = service::response(args, reference)?;
         let limiter = service::limiter(args, reference)?;
         let (store, redis) = redis::store(args, reference)?;
-        let (tracing, warnings) = observability::tracing(args, reference)?;
+        let tracing = observability::tracing(args, reference)?;
         Ok(Self {
             config: listener::config_path(args.config.as_ref(), reference),
             config_source: xds::config_source(args, reference)?,
@@ -168,7 +166,6 @@ impl Settings {
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
             ignored_env: reference::ignored_set(env),
-            warnings,
             grpc_tls: tls::grpc_tls(&args.tls, reference)?,
             grpc_connection_age: listener::connection_age(args, reference)?,
         })

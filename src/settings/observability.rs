@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use super::cli::ServeArgs;
 use super::reference::Reference;
 use super::{invalid, SettingsError};
-use crate::telemetry::TraceExport;
+use crate::telemetry::{OtlpProtocol, TraceExport};
 
 /// Where the Prometheus metrics are served besides the admin port's `/metrics`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +27,8 @@ const REFERENCE_PROMETHEUS_ADDR: &str = ":9090";
 /// The collector the reference's exporter uses without `OTEL_EXPORTER_OTLP_ENDPOINT`
 /// (the OTLP/gRPC default).
 const DEFAULT_OTLP_GRPC_ENDPOINT: &str = "http://localhost:4317";
+/// The same over OTLP/HTTP.
+const DEFAULT_OTLP_HTTP_ENDPOINT: &str = "http://localhost:4318";
 
 /// The Prometheus listener: the flag, else `PROMETHEUS_ADDR` when `USE_PROMETHEUS` is
 /// true, else none. On the admin address (`http_addr`) the admin listener serves them,
@@ -85,17 +87,16 @@ fn go_listen_addr(text: &str) -> Option<SocketAddr> {
     }
 }
 
-/// Trace export, and the warnings to log about it. The flag exports over OTLP/gRPC.
-/// Without it: `TRACING_ENABLED=true` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when
-/// `TRACING_EXPORTER_PROTOCOL` is `grpc` (OTLP/HTTP, the reference's default protocol,
-/// is not built in: a warning says so and nothing is exported); `TRACING_ENABLED=false`
-/// exports nothing; `TRACING_ENABLED` unset exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when
-/// it is set (Sluice's own rule before it read `TRACING_ENABLED`).
+/// Trace export. The flag exports over OTLP/gRPC.
+/// Without it: `TRACING_ENABLED=true` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` over
+/// `TRACING_EXPORTER_PROTOCOL` (`http`, the reference's default: OTLP/HTTP to the
+/// endpoint's `/v1/traces`; or `grpc`); `TRACING_ENABLED=false` exports nothing;
+/// `TRACING_ENABLED` unset exports over gRPC to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is
+/// set (Sluice's own rule before it read `TRACING_ENABLED`).
 pub(crate) fn tracing(
     args: &ServeArgs,
     env: Reference<'_>,
-) -> Result<(Option<TraceExport>, Vec<String>), SettingsError> {
-    let mut warnings = Vec::new();
+) -> Result<Option<TraceExport>, SettingsError> {
     let sampling_ratio = sampling_ratio(env)?;
     let grpc = match env.get("TRACING_EXPORTER_PROTOCOL") {
         None => false,
@@ -111,6 +112,8 @@ pub(crate) fn tracing(
             }
         },
     };
+    // The OTLP/HTTP traces URL, when that is the protocol.
+    let mut http = None;
     let reference_endpoint = env
         .get("OTEL_EXPORTER_OTLP_ENDPOINT")
         .filter(|endpoint| !endpoint.is_empty());
@@ -121,31 +124,31 @@ pub(crate) fn tracing(
             Some(reference_endpoint.unwrap_or_else(|| DEFAULT_OTLP_GRPC_ENDPOINT.into()))
         }
         (None, Some(true)) => {
-            warnings.push(
-                "TRACING_ENABLED=true, but TRACING_EXPORTER_PROTOCOL is http (the reference's \
-                 default) and Sluice exports OTLP over gRPC only: traces are NOT exported. Set \
-                 TRACING_EXPORTER_PROTOCOL=grpc and OTEL_EXPORTER_OTLP_ENDPOINT to the \
-                 collector's OTLP/gRPC port (4317)"
-                    .to_owned(),
-            );
-            None
+            let base = reference_endpoint.unwrap_or_else(|| DEFAULT_OTLP_HTTP_ENDPOINT.into());
+            http = Some(format!(
+                "{}/v1/traces",
+                with_scheme(base).trim_end_matches('/')
+            ));
+            http.clone()
         }
         (None, None) => reference_endpoint,
     };
     let Some(endpoint) = endpoint else {
-        return Ok((None, warnings));
+        return Ok(None);
     };
     let text = |name: &str| env.get(name).filter(|value| !value.is_empty());
-    Ok((
-        Some(TraceExport {
-            endpoint: with_scheme(endpoint),
-            service_name: text("TRACING_SERVICE_NAME").unwrap_or_else(|| "sluice".into()),
-            service_namespace: text("TRACING_SERVICE_NAMESPACE"),
-            service_instance_id: text("TRACING_SERVICE_INSTANCE_ID"),
-            sampling_ratio,
-        }),
-        warnings,
-    ))
+    Ok(Some(TraceExport {
+        protocol: if http.is_some() {
+            OtlpProtocol::Http
+        } else {
+            OtlpProtocol::Grpc
+        },
+        endpoint: with_scheme(endpoint),
+        service_name: text("TRACING_SERVICE_NAME").unwrap_or_else(|| "sluice".into()),
+        service_namespace: text("TRACING_SERVICE_NAMESPACE"),
+        service_instance_id: text("TRACING_SERVICE_INSTANCE_ID"),
+        sampling_ratio,
+    }))
 }
 
 /// `TRACING_SAMPLING_RATE`, the fraction of traces kept (default 1: all).

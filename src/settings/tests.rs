@@ -5,6 +5,7 @@ use clap::Parser;
 
 use super::*;
 use crate::service::HeaderMode;
+use crate::telemetry::OtlpProtocol;
 
 fn resolve(argv: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
     let mut full = vec!["sluice", "serve"];
@@ -354,9 +355,8 @@ fn prometheus_listener_from_use_prometheus() {
 
 #[test]
 fn tracing_from_the_reference_variables() {
-    let tracing = |argv: &[&str], env: &[(&str, &str)]| {
-        resolve(argv, env).map(|settings| (settings.tracing, settings.warnings))
-    };
+    let tracing =
+        |argv: &[&str], env: &[(&str, &str)]| resolve(argv, env).map(|settings| settings.tracing);
     let grpc = [
         ("TRACING_ENABLED", "true"),
         ("TRACING_EXPORTER_PROTOCOL", "grpc"),
@@ -366,9 +366,8 @@ fn tracing_from_the_reference_variables() {
         ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
         ("TRACING_SAMPLING_RATE", "0.25"),
     ];
-    let (export, warnings) = tracing(&[], &grpc).expect("resolves");
-    let export = export.expect("exports");
-    assert!(warnings.is_empty(), "{warnings:?}");
+    let export = tracing(&[], &grpc).expect("resolves").expect("exports");
+    assert_eq!(export.protocol, OtlpProtocol::Grpc);
     assert_eq!(export.endpoint, "http://collector:4317");
     assert_eq!(export.service_name, "ratelimit");
     assert_eq!(
@@ -380,22 +379,29 @@ fn tracing_from_the_reference_variables() {
 
     // TRACING_ENABLED=false wins over the endpoint; unset, the endpoint alone exports.
     let off = tracing(&[], &[("TRACING_ENABLED", "false"), grpc[2]]).expect("resolves");
-    assert_eq!(off.0, None);
+    assert_eq!(off, None);
     let endpoint_only = tracing(&[], &[grpc[2]])
         .expect("resolves")
-        .0
         .expect("exports");
     assert_eq!(endpoint_only.service_name, "sluice");
     assert!((endpoint_only.sampling_ratio - 1.0).abs() < f64::EPSILON);
 
-    // OTLP/HTTP (the reference's default protocol) is not built in: said, not exported.
-    let (export, warnings) =
-        tracing(&[], &[("TRACING_ENABLED", "true"), grpc[2]]).expect("resolves");
-    assert_eq!(export, None);
-    assert!(
-        warnings[0].contains("TRACING_EXPORTER_PROTOCOL"),
-        "{warnings:?}"
-    );
+    // OTLP/HTTP, the reference's default protocol: to the endpoint's /v1/traces.
+    let http = tracing(
+        &[],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318/"),
+        ],
+    )
+    .expect("resolves")
+    .expect("exports");
+    assert_eq!(http.protocol, OtlpProtocol::Http);
+    assert_eq!(http.endpoint, "http://collector:4318/v1/traces");
+    let default = tracing(&[], &[("TRACING_ENABLED", "true")])
+        .expect("resolves")
+        .expect("exports");
+    assert_eq!(default.endpoint, "http://localhost:4318/v1/traces");
 
     for (name, value) in [
         ("TRACING_SAMPLING_RATE", "1.5"),
@@ -411,7 +417,6 @@ fn tracing_from_the_reference_variables() {
         &[("TRACING_ENABLED", "false")],
     )
     .expect("resolves")
-    .0
     .expect("the flag exports");
     assert_eq!(flag.endpoint, "http://c:4317");
 }

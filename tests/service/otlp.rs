@@ -50,6 +50,34 @@ impl Receiver {
     fn spans(&self) -> Vec<Span> {
         self.spans.lock().expect("spans").clone()
     }
+
+    /// Keeps the spans of one export request.
+    fn record(&self, request: ExportTraceServiceRequest) {
+        let mut spans = self.spans.lock().expect("spans");
+        for resource_spans in request.resource_spans {
+            let resource = text(
+                resource_spans
+                    .resource
+                    .as_ref()
+                    .map_or(&[][..], |r| &r.attributes),
+            );
+            let service = resource
+                .iter()
+                .find(|(k, _)| k == "service.name")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    spans.push(Span {
+                        service: service.clone(),
+                        resource: resource.clone(),
+                        name: span.name,
+                        attributes: text(&span.attributes),
+                    });
+                }
+            }
+        }
+    }
 }
 
 fn text(attributes: &[KeyValue]) -> Vec<(String, String)> {
@@ -73,30 +101,7 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().expect("spans");
-        for resource_spans in request.into_inner().resource_spans {
-            let resource = text(
-                resource_spans
-                    .resource
-                    .as_ref()
-                    .map_or(&[][..], |r| &r.attributes),
-            );
-            let service = resource
-                .iter()
-                .find(|(k, _)| k == "service.name")
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default();
-            for scope in resource_spans.scope_spans {
-                for span in scope.spans {
-                    spans.push(Span {
-                        service: service.clone(),
-                        resource: resource.clone(),
-                        name: span.name,
-                        attributes: text(&span.attributes),
-                    });
-                }
-            }
-        }
+        self.record(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -109,6 +114,33 @@ fn receiver() -> (Receiver, u16) {
         .add_service(TraceServiceServer::new(receiver.clone()))
         .serve(([127, 0, 0, 1], port).into());
     tokio::spawn(server);
+    (receiver, port)
+}
+
+/// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf bodies) on a free port, and that
+/// port.
+async fn http_receiver() -> (Receiver, u16) {
+    use prost::Message;
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let keep = receiver.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let keep = keep.clone();
+            async move {
+                let request =
+                    ExportTraceServiceRequest::decode(body).expect("an OTLP/HTTP protobuf body");
+                keep.record(request);
+                let response = ExportTraceServiceResponse::default().encode_to_vec();
+                ([("content-type", "application/x-protobuf")], response)
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
     (receiver, port)
 }
 
@@ -228,4 +260,28 @@ async fn spans_reach_an_otlp_receiver_and_the_last_are_flushed_at_exit() {
     assert!(checks
         .iter()
         .all(|s| s.attribute("store") == Some("memory")));
+}
+
+/// Without `TRACING_EXPORTER_PROTOCOL`, the reference exports over OTLP/HTTP: so does
+/// Sluice, to the endpoint's `/v1/traces` (Envoy Gateway sets no protocol).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_http_is_the_default_protocol_of_the_reference_variables() {
+    let (receiver, port) = http_receiver().await;
+    let config = rules();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let env = [
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+    ];
+    let (sluice, grpc, _) = SluiceProcess::serve_with_env(config.path(), &[], &env);
+    calls(&grpc, 3).await;
+    stop(sluice).await;
+    let spans = receiver.spans();
+    assert_eq!(
+        spans.iter().filter(|s| s.name == "rls.request").count(),
+        3,
+        "{spans:?}"
+    );
+    assert!(spans.iter().all(|s| s.service == "envoy-ratelimit"));
 }

@@ -28,17 +28,15 @@ pub(crate) fn config_source(
     let kind = match (args.config_source, env.get("CONFIG_TYPE")) {
         (Some(kind), _) => kind,
         (None, None) => ConfigSourceKind::File,
-        (None, Some(value)) => match value.as_str() {
-            "FILE" => ConfigSourceKind::File,
-            "GRPC_XDS_SOTW" => ConfigSourceKind::Xds,
-            other => {
-                return Err(invalid(
-                    "CONFIG_TYPE",
-                    other,
-                    "expected FILE or GRPC_XDS_SOTW (Sluice has no other config source)",
-                ))
-            }
-        },
+        (None, Some(value)) if value == "FILE" => ConfigSourceKind::File,
+        (None, Some(value)) if value == "GRPC_XDS_SOTW" => ConfigSourceKind::Xds,
+        (None, Some(other)) => {
+            return Err(invalid(
+                "CONFIG_TYPE",
+                &other,
+                "expected FILE or GRPC_XDS_SOTW (Sluice has no other config source)",
+            ))
+        }
     };
     match kind {
         ConfigSourceKind::File => Ok(ConfigSource::Files),
@@ -124,7 +122,7 @@ fn xds(args: &ServeArgs, env: Reference<'_>) -> Result<XdsSettings, SettingsErro
             .or_else(|| env.get("CONFIG_GRPC_XDS_NODE_ID"))
             .unwrap_or_else(|| "default".into()),
         node_metadata: pairs(env, "CONFIG_GRPC_XDS_NODE_METADATA", &[':', '='])?,
-        headers: headers(env)?,
+        headers: headers(env, "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS")?,
         tls,
         connect_retry,
         backoff,
@@ -134,21 +132,20 @@ fn xds(args: &ServeArgs, env: Reference<'_>) -> Result<XdsSettings, SettingsErro
     })
 }
 
-/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`name:value,…`), each a valid gRPC
-/// metadata name and value.
-fn headers(env: Reference<'_>) -> Result<Vec<(String, String)>, SettingsError> {
-    const NAME: &str = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
-    let headers = pairs(env, NAME, &[':'])?;
-    for (name, value) in &headers {
-        let name = name.to_ascii_lowercase();
-        if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(name.as_bytes())
+/// The headers of variable `name` (`CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`:
+/// `header:value,…`), each a valid gRPC metadata name and value.
+fn headers(env: Reference<'_>, name: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    let headers = pairs(env, name, &[':'])?;
+    for (header, value) in &headers {
+        let header = header.to_ascii_lowercase();
+        if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(header.as_bytes())
             .is_err()
-            || name.ends_with("-bin")
+            || header.ends_with("-bin")
             || tonic::metadata::MetadataValue::try_from(value.as_str()).is_err()
         {
             return Err(invalid(
-                NAME,
-                &format!("{name}:{value}"),
+                name,
+                &format!("{header}:{value}"),
                 "not a valid gRPC header",
             ));
         }

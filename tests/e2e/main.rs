@@ -5,6 +5,7 @@
 
 mod connection_age;
 mod envoy;
+mod envoy_gateway;
 mod helm;
 mod http2_limits;
 mod istio;

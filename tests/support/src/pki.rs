@@ -50,10 +50,26 @@ impl Ca {
         self.leaf(sans, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A certificate for `sans` usable on both ends, as Envoy Gateway gives the rate
+    /// limit service one `tls.crt` for its gRPC port and its xDS client.
+    pub fn server_and_client(&self, sans: &[&str]) -> Leaf {
+        self.leaf_for(
+            sans,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
     fn leaf(&self, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+        self.leaf_for(sans, vec![usage])
+    }
+
+    fn leaf_for(&self, sans: &[&str], usages: Vec<ExtendedKeyUsagePurpose>) -> Leaf {
         let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
         let mut params = CertificateParams::new(sans).expect("leaf params");
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         let key = KeyPair::generate().expect("leaf key");
         let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
         Leaf {

@@ -252,6 +252,9 @@ fn cache_key_prefix_from_the_flag_or_the_reference() {
     assert!(error.to_string().contains("CACHE_KEY_PREFIX"), "{error}");
     let error = prefix(&["--cache-key-prefix", "a{"], &[]).expect_err("refused");
     assert!(error.to_string().contains("cache-key-prefix"), "{error}");
+    let long = "p".repeat(129);
+    let error = prefix(&[], &[("CACHE_KEY_PREFIX", long.as_str())]).expect_err("too long");
+    assert!(error.to_string().contains("at most 128 bytes"), "{error}");
 }
 
 #[test]

@@ -89,6 +89,9 @@ impl KeyPrefix {
         if text.contains(['{', '}']) {
             return Err(KeyPrefixError::Brace);
         }
+        if text.len() > MAX_KEY_PREFIX_BYTES {
+            return Err(KeyPrefixError::TooLong);
+        }
         Ok(Self(Arc::from(text)))
     }
 
@@ -105,12 +108,18 @@ impl Default for KeyPrefix {
     }
 }
 
+/// Longest key prefix: every key of every check carries it.
+const MAX_KEY_PREFIX_BYTES: usize = 128;
+
 /// A text that cannot prefix Redis keys.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyPrefixError {
     /// A brace would make part of the prefix the key's hash tag in a Redis Cluster.
     #[error("a key prefix may not contain `{{` or `}}`: the Redis Cluster slot of every key would follow it")]
     Brace,
+    /// Longer than [`MAX_KEY_PREFIX_BYTES`].
+    #[error("a key prefix may be at most {MAX_KEY_PREFIX_BYTES} bytes long")]
+    TooLong,
 }
 
 /// Key of one limit's state: the descriptor's counter key and the limit's position.

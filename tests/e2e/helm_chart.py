@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+import re
+
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
@@ -274,6 +276,8 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
                 with open(os.path.join(rules_dir, file), "w") as f:
                     f.write(text)
     write_monitoring(chart_dir, objects, scenario_dir)
+    if name == "istio":
+        check_istio_cluster(chart, values)
     check_scaling(name, objects, pod)
     check_rules_hook(name, objects, rules_volume["configMap"]["name"])
     with open(os.path.join(scenario_dir, "container.json"), "w") as f:
@@ -290,6 +294,26 @@ def check_scenario(chart, chart_dir, name, values, out_dir):
             f,
             indent=1,
         )
+
+
+def check_istio_cluster(chart, values):
+    """The EnvoyFilter's cluster resolves the headless Service the chart renders for the
+    install command it documents (release "sluice" in namespace "sluice"): one host per
+    pod, so calls spread over every pod."""
+    rendered = chart.render(values, name="sluice", namespace="sluice", is_install=True)
+    headless = [
+        obj["metadata"]["name"]
+        for path, text in rendered.items()
+        if path.endswith(".yaml")
+        for obj in yaml.safe_load_all(text)
+        if obj and obj["kind"] == "Service" and obj["spec"].get("clusterIP") == "None"
+    ]
+    filter_text = open(os.path.join(REPO, "deploy/istio/envoyfilter.yaml")).read()
+    addresses = re.findall(r"address: ([a-z0-9.-]+\.svc\.cluster\.local)", filter_text)
+    if len(headless) != 1 or addresses != [f"{headless[0]}.sluice.svc.cluster.local"]:
+        fail(f"istio: the EnvoyFilter's cluster {addresses} is not the headless Service {headless}")
+    if "type: STRICT_DNS" not in filter_text:
+        fail("istio: the EnvoyFilter's cluster must be STRICT_DNS to see every pod")
 
 
 def flag(args, name):
@@ -335,7 +359,10 @@ def check_scaling(name, objects, pod):
             fail(f"{name}: default topologySpreadConstraints: {spread}")
         if any(c["whenUnsatisfiable"] != "ScheduleAnyway" for c in spread):
             fail(f"{name}: the default spread must never block scheduling: {spread}")
-        if any(s["spec"].get("clusterIP") == "None" for s in by_kind["Service"]):
+        headless_asked = SCENARIOS[name][0].get("service", {}).get("headless", False)
+        if not headless_asked and any(
+            s["spec"].get("clusterIP") == "None" for s in by_kind["Service"]
+        ):
             fail(f"{name}: a headless Service without service.headless")
 
 

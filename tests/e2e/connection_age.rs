@@ -28,12 +28,7 @@ async fn connections_end_at_their_age_and_no_call_fails() {
             "2s",
         ],
     );
-    let port = grpc
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("gRPC port");
-    let envoy = Envoy::start(port).await;
+    let envoy = Envoy::start_for(&grpc).await;
     let client = reqwest::Client::new();
     let connections_before = envoy.stat("cluster.sluice.upstream_cx_total").await;
 

@@ -58,12 +58,7 @@ async fn rules_pushed_over_xds_limit_envoy_traffic() {
     server
         .wait_for("ACK of v1", |r| r.version_info == "v1")
         .await;
-    let port = grpc
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("gRPC port");
-    let envoy = Envoy::start(port).await;
+    let envoy = Envoy::start_for(&grpc).await;
     let client = reqwest::Client::new();
 
     let mut seen = Vec::new();

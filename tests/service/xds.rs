@@ -166,6 +166,36 @@ async fn eventually_ready(http: &str, want: bool) {
     }
 }
 
+/// A Sluice serving v1 (`edge`: one `user` an hour) from an mTLS management server,
+/// with alice's one call already counted.
+struct Serving {
+    pki: Pki,
+    server: XdsServer,
+    _sluice: SluiceProcess,
+    http: String,
+    rls: RateLimitServiceClient<Channel>,
+}
+
+async fn serving_v1_with_alice_counted() -> Serving {
+    let pki = Pki::new();
+    let server = XdsServer::start(Some(&pki.server));
+    server.push("v1", &[config("edge", "user", 1)]);
+    let (sluice, grpc, http) = sluice(&server, &pki, false);
+    eventually_ready(&http, true).await;
+    let mut rls = client(&grpc).await;
+    assert_eq!(
+        answer(&mut rls, request("edge", "alice")).await,
+        Ok(Code::Ok)
+    );
+    Serving {
+        pki,
+        server,
+        _sluice: sluice,
+        http,
+        rls,
+    }
+}
+
 #[tokio::test]
 async fn pushes_change_the_answers_and_unchanged_rules_keep_their_counters() {
     let pki = Pki::new();
@@ -240,16 +270,14 @@ async fn pushes_change_the_answers_and_unchanged_rules_keep_their_counters() {
 
 #[tokio::test]
 async fn an_invalid_push_is_nacked_with_its_reason_and_the_old_rules_keep_serving() {
-    let pki = Pki::new();
-    let server = XdsServer::start(Some(&pki.server));
-    server.push("v1", &[config("edge", "user", 1)]);
-    let (_sluice, grpc, http) = sluice(&server, &pki, false);
-    eventually_ready(&http, true).await;
-    let mut rls = client(&grpc).await;
-    assert_eq!(
-        answer(&mut rls, request("edge", "alice")).await,
-        Ok(Code::Ok)
-    );
+    // The certificates stay on disk while the test runs.
+    let Serving {
+        pki: _pki,
+        server,
+        _sluice,
+        http,
+        mut rls,
+    } = serving_v1_with_alice_counted().await;
 
     let mut broken = config("edge", "user", 5);
     broken.name = "broken-edge".into();
@@ -314,16 +342,13 @@ async fn an_invalid_push_is_nacked_with_its_reason_and_the_old_rules_keep_servin
 
 #[tokio::test]
 async fn a_killed_server_is_reconnected_to_and_the_rules_keep_serving_meanwhile() {
-    let pki = Pki::new();
-    let server = XdsServer::start(Some(&pki.server));
-    server.push("v1", &[config("edge", "user", 1)]);
-    let (_sluice, grpc, http) = sluice(&server, &pki, false);
-    eventually_ready(&http, true).await;
-    let mut rls = client(&grpc).await;
-    assert_eq!(
-        answer(&mut rls, request("edge", "alice")).await,
-        Ok(Code::Ok)
-    );
+    let Serving {
+        pki,
+        server,
+        _sluice,
+        http,
+        mut rls,
+    } = serving_v1_with_alice_counted().await;
 
     let addr = server.addr;
     server.kill();

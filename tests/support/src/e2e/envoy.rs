@@ -57,6 +57,17 @@ impl Envoy {
         }
     }
 
+    /// [`Envoy::start`] in front of the Sluice whose gRPC listener is `grpc_addr`
+    /// (`host:port`, as [`crate::process::SluiceProcess`] reports it).
+    pub async fn start_for(grpc_addr: &str) -> Self {
+        let port = grpc_addr
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in the gRPC address {grpc_addr:?}"));
+        Self::start(port).await
+    }
+
     /// A URL on the fail-closed ingress listener.
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.ingress_port)

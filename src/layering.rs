@@ -30,6 +30,7 @@ const STORE_REDIS: &[&[&str]] = &[
     &["call"],
     &["health"],
     &["nodes"],
+    &["clients"],
     &["functions", "client"],
     &["script", "tls"],
 ];

@@ -20,19 +20,19 @@ use support::{eventually, TestServer};
 /// `--redis-timeout`: above the 20 ms default so that a debug build on a loaded shared
 /// machine does not time out on a healthy Redis; a 20 ms caller deadline still bounds
 /// each store call at 10 ms.
-const STORE_TIMEOUT: &str = "50ms";
+pub(crate) const STORE_TIMEOUT: &str = "50ms";
 /// The deadline of calls checked for their failure mode. Envoy's default is 20 ms, and
 /// these tests pass with it on an idle machine (the store gets 10 ms of it); on the
 /// shared 2-core test machine (load average 6-8, debug build, client in-process) a
 /// scheduling stall of 10-20 ms now and then makes tonic cancel a 20 ms call, so the
 /// tests leave that margin.
-const DEADLINE: Duration = Duration::from_millis(50);
+pub(crate) const DEADLINE: Duration = Duration::from_millis(50);
 /// A looser deadline for calls under load on a small shared machine.
-const LOAD_DEADLINE: Duration = Duration::from_millis(100);
+pub(crate) const LOAD_DEADLINE: Duration = Duration::from_millis(100);
 /// The deadline of the overload test's callers, whose CPU is the bottleneck.
 const OVERLOAD_DEADLINE: Duration = Duration::from_millis(500);
 
-async fn sluice(url: &str, timeout: &str) -> TestServer {
+pub(crate) async fn sluice(url: &str, timeout: &str) -> TestServer {
     TestServer::start(
         &[("faults.yaml".to_owned(), RULES.to_owned())],
         &[],
@@ -52,7 +52,7 @@ async fn sluice(url: &str, timeout: &str) -> TestServer {
 
 /// Calls `closed` until it is answered OK (by Redis) `in_a_row` times; returns how long
 /// that took.
-async fn until_exact(server: &TestServer, within: Duration) -> Duration {
+pub(crate) async fn until_exact(server: &TestServer, within: Duration) -> Duration {
     let mut client = server.client().await;
     let started = Instant::now();
     let mut in_a_row = 0;
@@ -74,7 +74,7 @@ async fn until_exact(server: &TestServer, within: Duration) -> Duration {
 }
 
 /// `few` has a limit of 3: exactly 3 of 5 calls pass.
-async fn assert_exact(server: &TestServer, value: &str) {
+pub(crate) async fn assert_exact(server: &TestServer, value: &str) {
     let mut client = server.client().await;
     let mut outcomes = Vec::new();
     for _ in 0..5 {
@@ -121,7 +121,7 @@ async fn assert_failure_modes(server: &TestServer, deadline: Duration, local_val
 }
 
 /// The counter of `closed=value` on `redis`.
-fn counter(redis: &RedisServer, value: &str) -> u64 {
+pub(crate) fn counter(redis: &RedisServer, value: &str) -> u64 {
     let answer = redis.cli(&["get", &redis_key("closed", value)]);
     count_of(&answer).unwrap_or_else(|| panic!("no count for closed={value}: {answer:?}"))
 }
@@ -364,7 +364,7 @@ async fn functions_are_tried_again_after_a_reconnect() {
 }
 
 /// Waits until `/status` shows the store connected (health `ok`), whatever its Lua.
-async fn until_healthy(server: &TestServer) {
+pub(crate) async fn until_healthy(server: &TestServer) {
     eventually(|| async move {
         let status = server.status().await;
         if status["store"]["health"] == "ok" {

@@ -1,8 +1,9 @@
 //! Tests that run one at a time (each takes `support::fault::serial()`): they measure
 //! latency and this process's memory, read the process-wide log, or load the machine
 //! with many processes. Fault injection on Redis (standalone and cluster), exactness
-//! across instances, Redis over TLS.
+//! across instances, Redis over TLS, a bad network (a fault proxy).
 
+mod bad_network;
 mod faults;
 mod faults_cluster;
 mod redis_exactness;

@@ -13,9 +13,10 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::time;
 
 use super::client::{classify, is_noscript, redirect_of, Redirect};
+use super::clients::Node;
 use super::functions::{self, Lua, LIBRARY};
 use super::health::Health;
-use super::nodes::{Node, Nodes};
+use super::nodes::Nodes;
 use super::script::{self, Call};
 use crate::algorithm::Decision;
 use crate::store::{KeyPrefix, StoreError};

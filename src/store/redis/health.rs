@@ -2,7 +2,10 @@
 //! primary), so a failed cluster shard takes its failure mode without closing the door
 //! on the others; a log line per breaker transition; and connection errors logged once
 //! per change (credentials never appear: Redis does not echo them and URLs are masked).
-//! Which node serves a call comes from [`super::nodes`].
+//! Which node serves a call comes from [`super::nodes`]. A breaker that opens on
+//! timeouts has every client of its node reconnected ([`Clients::reconnect`]): a
+//! connection that takes calls and never answers is not dropped otherwise. A node's
+//! breaker, and its gauge, go when the last client of the node does ([`Forget`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,6 +13,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use super::clients::{Clients, Forget};
 use super::nodes::{Connectivity, Topology};
 use crate::store::breaker::{Breaker, BreakerSettings, BreakerState, BreakerView, Transition};
 use crate::store::{StoreError, StoreStatus};
@@ -26,18 +30,26 @@ pub(crate) struct Health {
     writer: Mutex<()>,
     /// Breaker state gauge and transition counter.
     metrics: Arc<Metrics>,
+    /// Every backend's clients of each node, reconnected when its breaker opens on
+    /// timeouts.
+    clients: Arc<Clients>,
 }
 
 // === impl Health ===
 
 impl Health {
     /// No breaker yet; each node's is made on its first call.
-    pub(crate) fn new(settings: BreakerSettings, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        settings: BreakerSettings,
+        metrics: Arc<Metrics>,
+        clients: Arc<Clients>,
+    ) -> Self {
         Self {
             settings,
             breakers: ArcSwap::default(),
             writer: Mutex::new(()),
             metrics,
+            clients,
         }
     }
 
@@ -79,12 +91,19 @@ impl Health {
         refused
     }
 
-    /// Records the outcome of one script call on `node`.
+    /// Records the outcome of one script call on `node`. When that opens its breaker
+    /// (or a probe fails) on a timeout, every client of the node is reconnected: the
+    /// node may be healthy behind a connection that no longer carries answers, and
+    /// fred keeps a connection until its socket fails.
     pub(crate) fn record(&self, node: &Arc<str>, outcome: Result<(), &StoreError>) {
         let now = Instant::now();
         if let Some(transition) =
             self.with_breaker(node, |breaker| breaker.record(outcome.is_ok(), now))
         {
+            if transition.to == BreakerState::Open && matches!(outcome, Err(StoreError::Timeout(_)))
+            {
+                self.clients.reconnect(node);
+            }
             self.report(node, transition, outcome.err());
         }
     }
@@ -151,8 +170,7 @@ impl Health {
     }
 
     /// `/status` view: health and the breaker of every node of `topology`, and `lua`, how
-    /// the store runs its scripts. Breakers of nodes that left the topology (after a
-    /// failover) are dropped here, with their gauge.
+    /// the store runs its scripts.
     pub(crate) fn status(
         &self,
         topology: &Topology,
@@ -160,28 +178,7 @@ impl Health {
         lua: &'static str,
     ) -> StoreStatus {
         let now = Instant::now();
-        let current = |name: &Arc<str>| topology.nodes().iter().any(|node| node.name == *name);
-        let breakers = {
-            let _writer = self.write();
-            let breakers = self.breakers.load_full();
-            if breakers.keys().all(current) {
-                breakers
-            } else {
-                let mut kept = HashMap::clone(&breakers);
-                kept.retain(|name, _| {
-                    let keep = current(name);
-                    if !keep {
-                        self.metrics
-                            .breaker_state
-                            .remove(&NodeLabel { node: name.clone() });
-                    }
-                    keep
-                });
-                let kept = Arc::new(kept);
-                self.breakers.store(kept.clone());
-                kept
-            }
-        };
+        let breakers = self.breakers.load_full();
         let mut views: Vec<(Arc<str>, BreakerView)> = topology
             .nodes()
             .iter()
@@ -244,5 +241,23 @@ impl Health {
         self.writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Forget for Health {
+    /// The last client of `node` is gone (it left a cluster's topology, or the store
+    /// is dropped): its breaker and its gauge go too.
+    fn forget(&self, node: &Arc<str>) {
+        let _writer = self.write();
+        let current = self.breakers.load_full();
+        if !current.contains_key(node) {
+            return;
+        }
+        let mut kept = HashMap::clone(&current);
+        kept.remove(node);
+        self.breakers.store(Arc::new(kept));
+        self.metrics
+            .breaker_state
+            .remove(&NodeLabel { node: node.clone() });
     }
 }

@@ -15,6 +15,7 @@
 pub(crate) mod batcher;
 pub(crate) mod call;
 pub(crate) mod client;
+pub(crate) mod clients;
 pub(crate) mod functions;
 pub(crate) mod health;
 pub(crate) mod lease;
@@ -80,17 +81,21 @@ impl RedisStore {
         metrics: Arc<Metrics>,
         lanes: &[tokio::runtime::Handle],
     ) -> Result<Self, StoreError> {
+        let clients = Arc::new(clients::Clients::default());
         let health = Arc::new(health::Health::new(
             BreakerSettings::default(),
             metrics.clone(),
+            clients.clone(),
         ));
+        let forget: Arc<dyn clients::Forget> = health.clone();
+        clients.on_forget(Arc::downgrade(&forget));
         let scripting = Arc::new(functions::Scripting::new());
-        let main = Backend::start(options, &health, &scripting, &metrics)?;
+        let main = Backend::start(options, &health, &scripting, &clients, &metrics)?;
         let lanes = lanes
             .iter()
             .map(|lane| {
                 let _on_lane = lane.enter();
-                Backend::start(options, &health, &scripting, &metrics)
+                Backend::start(options, &health, &scripting, &clients, &metrics)
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -188,10 +193,11 @@ impl Backend {
         options: &RedisOptions,
         health: &Arc<health::Health>,
         scripting: &Arc<functions::Scripting>,
+        clients: &Arc<clients::Clients>,
         metrics: &Arc<Metrics>,
     ) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
-            nodes: Nodes::connect(options, metrics.clone(), scripting.clone())?,
+            nodes: Nodes::connect(options, metrics.clone(), scripting.clone(), clients.clone())?,
             health: health.clone(),
             timeout: options.timeout,
             window: options.batch_window,

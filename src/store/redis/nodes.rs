@@ -24,6 +24,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 
 use super::client::{self, log_connection_errors, RedisMode, RedisOptions};
+use super::clients::{Clients, Node};
 use super::functions::{NodeLua, Scripting};
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
@@ -42,17 +43,6 @@ const SLOTS: usize = 16_384;
 
 /// Marks a slot no primary serves in [`Topology::owners`].
 const UNOWNED: u16 = u16::MAX;
-
-/// One node and its client.
-pub(crate) struct Node {
-    /// `host:port` (`redis` for a standalone server or a Sentinel primary): breakers,
-    /// logs and `/status` name the node by it.
-    pub(crate) name: Arc<str>,
-    /// Its own client (its connections are its own: a dead node does not stall others).
-    pub(crate) client: Client,
-    /// How its calls are sent, shared with the other lanes' clients of the node.
-    pub(crate) lua: Arc<NodeLua>,
-}
 
 /// How much of the store is connected, worst first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -123,6 +113,7 @@ impl Nodes {
         options: &RedisOptions,
         metrics: Arc<Metrics>,
         scripting: Arc<Scripting>,
+        clients: Arc<Clients>,
     ) -> Result<Arc<Self>, StoreError> {
         let config = client::config(options)?;
         let factory = NodeFactory {
@@ -130,6 +121,7 @@ impl Nodes {
             options: options.clone(),
             metrics,
             scripting,
+            clients,
         };
         if options.mode != RedisMode::Cluster {
             let node = factory.node(Arc::from("redis"), None)?;
@@ -273,7 +265,7 @@ impl Drop for Nodes {
         // Spawned where the clients run: a runtime that has stopped drops the task.
         self.runtime.spawn(async move {
             for node in nodes {
-                let _ = node.client.quit().await;
+                close(&node.client).await;
             }
         });
     }
@@ -290,6 +282,8 @@ struct NodeFactory {
     /// Where each node's [`NodeLua`] comes from (told of every connection its client
     /// makes, see [`NodeLua::connected`]).
     scripting: Arc<Scripting>,
+    /// Where every backend's clients are registered.
+    clients: Arc<Clients>,
 }
 
 impl NodeFactory {
@@ -307,7 +301,7 @@ impl NodeFactory {
             lua.clone(),
             name.clone(),
         ));
-        Ok(Arc::new(Node { name, client, lua }))
+        Ok(Node::new(name, client, lua, &self.clients))
     }
 }
 
@@ -379,7 +373,7 @@ async fn refresh_once(nodes: &Nodes, seeds: &[Server]) -> bool {
             Ok(Ok(())) => ask(&client, &seed.host).await,
             _ => None,
         };
-        let _ = client.quit().await;
+        close(&client).await;
         if let Some(routing) = routing {
             install(nodes, &routing);
             return true;
@@ -469,10 +463,16 @@ fn install(nodes: &Nodes, routing: &ClusterRouting) {
         tokio::spawn(async move {
             tokio::time::sleep(REFRESH_EVERY).await;
             for node in gone {
-                let _ = node.client.quit().await;
+                close(&node.client).await;
             }
         });
     }
+}
+
+/// Closes `client`, waiting at most [`ASK_TIMEOUT`] for Redis to take the `QUIT` (a node
+/// that does not answer must not keep its client, and its breaker, alive).
+async fn close(client: &Client) {
+    let _ = tokio::time::timeout(ASK_TIMEOUT, client.quit()).await;
 }
 
 /// Locks `mutex`, whose guarded data (none) cannot be left inconsistent by a panic.

@@ -8,6 +8,7 @@ pub mod fault;
 pub mod fuzz;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod xds;
 

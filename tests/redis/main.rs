@@ -1,7 +1,8 @@
 //! Tests against real `redis-server` processes that tolerate running next to each
 //! other: store semantics, the Lua scripts, deadlines, leases, Redis memory per key, and
-//! the hand-run hot-key load measurement.
+//! the hand-run hot-key load measurement, batching counted by Redis.
 
+mod batching;
 mod hotkeys_load;
 mod key_prefix;
 mod redis_deadlines;

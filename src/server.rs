@@ -346,6 +346,11 @@ impl ReloadObserver for ReloadReporter {
                     .get_or_create(&ResultLabel { result: "success" })
                     .inc();
                 self.metrics.config_rules.set(set.rules.rule_count() as i64);
+                // Series of rules this set dropped go now, not at the next restart.
+                let labels: std::collections::HashSet<&str> =
+                    set.rules.rules().map(|rule| &*rule.stats_label).collect();
+                self.metrics
+                    .forget_rules(&|label: &str| labels.contains(label));
                 self.metrics.rules_loaded(set.loaded_at);
                 tracing::info!(
                     version = set.version,

@@ -198,7 +198,13 @@ pub struct Metrics {
     /// reused while cached; emptied when it outgrows [`MAX_CACHED_RULES`] (labels of
     /// replaced rule sets), which loses nothing: the counters live in the families.
     rule_counters: RwLock<HashMap<(usize, usize), CachedCounters, BuildHasherDefault<PtrHasher>>>,
+    /// Every (domain, rule label) pair that may have series, so that those of rules a
+    /// reload removed can be found and dropped ([`Metrics::forget_rules`]).
+    series_rules: Mutex<HashSet<(Arc<str>, Arc<str>)>>,
 }
+
+/// The `mode` labels of `sluice_store_fallback_total`: every rule failure mode.
+const FAILURE_MODES: [&str; 4] = ["open", "closed", "local", "error"];
 
 /// Most cached rule counter sets before the cache starts over.
 const MAX_CACHED_RULES: usize = 4 * MAX_RULE_LABELS;
@@ -543,6 +549,7 @@ impl Metrics {
             store_fallbacks,
             rule_labels: Mutex::new(HashSet::new()),
             rule_counters: RwLock::new(HashMap::default()),
+            series_rules: Mutex::new(HashSet::new()),
         }
     }
 
@@ -597,6 +604,10 @@ impl Metrics {
             hits: Default::default(),
             decisions: Default::default(),
         });
+        self.series_rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((domain.clone(), rule.clone()));
         let mut cache = self
             .rule_counters
             .write()
@@ -606,6 +617,71 @@ impl Metrics {
         }
         cache.insert(id, (domain.clone(), rule.clone(), counters.clone()));
         counters
+    }
+
+    /// After a reload: drops every per-rule series (hits, decisions, fallbacks, leases)
+    /// whose `rule` label no rule of the new set accounts for. A label is kept when
+    /// `kept(label)` holds, or when it extends a kept one with `_value` or `.key`
+    /// (labels made from request values under a rule). A dropped label in use again
+    /// starts new series from zero, which Prometheus reads as a counter reset.
+    pub(crate) fn forget_rules(&self, kept: &dyn Fn(&str) -> bool) {
+        let accounted = |label: &str| {
+            label == "overflow"
+                || kept(label)
+                || label
+                    .char_indices()
+                    .filter(|(_, c)| *c == '_' || *c == '.')
+                    .any(|(at, _)| kept(&label[..at]))
+        };
+        let gone: Vec<(Arc<str>, Arc<str>)> = {
+            let mut series = self
+                .series_rules
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let gone = series
+                .iter()
+                .filter(|(_, rule)| !accounted(rule))
+                .cloned()
+                .collect();
+            series.retain(|(_, rule)| accounted(rule));
+            gone
+        };
+        if gone.is_empty() {
+            return;
+        }
+        // Cached counters of a dropped label would count into detached series.
+        self.rule_counters
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|_, (_, rule, _)| accounted(rule));
+        self.rule_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|label| accounted(label));
+        for (domain, rule) in gone {
+            for stat in RuleStat::ALL {
+                self.rule_hits.remove(&RuleStatLabels {
+                    rule: rule.clone(),
+                    stat: stat.as_str(),
+                });
+            }
+            for decision in DECISIONS {
+                self.requests.remove(&DecisionLabels {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    decision,
+                });
+            }
+            for mode in FAILURE_MODES {
+                self.store_fallbacks.remove(&FallbackLabels {
+                    rule: rule.clone(),
+                    mode,
+                });
+            }
+            let label = RuleLabel { rule };
+            self.lease_outstanding.remove(&label);
+            self.lease_bound.remove(&label);
+        }
     }
 
     /// Counts one decision made by a local layer.

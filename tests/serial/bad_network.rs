@@ -16,7 +16,7 @@ use crate::faults::{
     assert_exact, counter, sluice, until_exact, until_healthy, LOAD_DEADLINE, STORE_TIMEOUT,
 };
 
-/// The documented recovery bound once the link is clean (docs/src/operations.md): a
+/// The documented recovery bound once the link is clean (docs/src/failures.md): a
 /// connection attempt under way when the link heals fails its `PING` within 2 s (fred's
 /// setup timeout), the next one comes within 0.5 s (the reconnect policy's cap), and
 /// the breaker's next probe within 1 s (its longest backoff); plus the store timeout.

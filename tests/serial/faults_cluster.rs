@@ -325,6 +325,9 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
     let replica = cluster.replica_of(place.primary);
     let server = sluice(&cluster).await;
     let loads = start_loads(&server, &cluster, &place).await;
+    let breakers = breaker_series(&server).await;
+    assert_eq!(breakers.len(), 3, "one breaker per primary: {breakers:?}");
+    let killed_node = format!("127.0.0.1:{}", cluster.nodes[place.primary].port);
 
     let killed = Instant::now();
     cluster.nodes[place.primary].kill();
@@ -356,10 +359,40 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
     assert!(
         metrics.get("sluice_store_fallback_total{rule=\"faults.closed\",mode=\"closed\"}") > 0.0
     );
+    // The dead primary's breaker and its series go with its last client: as many
+    // series as before, none of them the dead node's (documented: within 3 s of the
+    // slot map dropping it; `eventually` allows 5 s after exactness).
+    let (server, killed_node) = (&server, &killed_node);
+    eventually(|| async move {
+        let now = breaker_series(server).await;
+        if now.len() == 3
+            && !now
+                .iter()
+                .any(|series| series.contains(killed_node.as_str()))
+        {
+            Ok(())
+        } else {
+            Err(format!("breaker series {now:?} still name {killed_node}"))
+        }
+    })
+    .await;
     eprintln!(
         "kill -9: promoted {:?} after the kill, exact {recovered:?} after the promotion",
         promoted - killed
     );
+}
+
+/// The `sluice_breaker_state{node}` series exported now.
+async fn breaker_series(server: &TestServer) -> Vec<String> {
+    let mut series: Vec<String> = server
+        .metrics()
+        .await
+        .0
+        .into_keys()
+        .filter(|name| name.starts_with("sluice_breaker_state{"))
+        .collect();
+    series.sort();
+    series
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -383,3 +383,48 @@ async fn a_new_unit_counts_afresh() {
     }
     server.stop().await;
 }
+
+/// The per-rule series (`rule="…"` labels) exported now.
+async fn rule_series(server: &TestServer) -> Vec<String> {
+    let mut series: Vec<String> = server
+        .metrics()
+        .await
+        .0
+        .into_keys()
+        .filter(|name| name.contains("rule=\""))
+        .collect();
+    series.sort();
+    series
+}
+
+/// The series of a rule that a reload removed go with that reload: the count returns to
+/// what it was before the rule came (documented: with the reload, within a second of the
+/// file change); the rules that stay keep theirs and their counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_of_removed_rules_go_with_the_reload() {
+    let server = start(&[("a.yaml", rules("a", 10))]).await;
+    expect_served(&server, "a", Some(10), Instant::now()).await;
+    call(&server, request("a", "x", Some(1))).await;
+    let baseline = rule_series(&server).await;
+    assert!(!baseline.is_empty());
+
+    let since = Instant::now();
+    server.write_config("b.yaml", &rules("b", 7));
+    expect_served(&server, "b", Some(7), since).await;
+    call(&server, request("b", "x", Some(1))).await;
+    let with_b = rule_series(&server).await;
+    assert!(
+        with_b.iter().any(|series| series.contains("rule=\"b.")),
+        "{with_b:?}"
+    );
+
+    let since = Instant::now();
+    server.remove_config("b.yaml");
+    expect_served(&server, "b", None, since).await;
+    call(&server, request("a", "x", Some(1))).await;
+    let after = rule_series(&server).await;
+    assert_eq!(after, baseline, "series after b's rules were removed");
+    let hits = "sluice_rule_hits_total{rule=\"a.k\",stat=\"total_hits\"}";
+    assert_eq!(server.metrics().await.get(hits), 2.0, "a's counts kept");
+    server.stop().await;
+}

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// limiter, which asks the store, which runs the algorithms; rules, telemetry, the
 /// clock and the serving threads sit below all of them.
 const TOP_LEVEL: &[&[&str]] = &[
-    &["commands", "server"],
+    &["commands", "server", "fuzzing"],
     &["settings"],
     &["bench"],
     &["admin", "listener"],

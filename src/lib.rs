@@ -12,6 +12,8 @@ pub mod bench;
 pub mod clock;
 pub(crate) mod codec;
 pub mod commands;
+#[cfg(feature = "test-hooks")]
+pub mod fuzzing;
 pub(crate) mod jitter;
 pub(crate) mod lanes;
 pub(crate) mod lifecycle;

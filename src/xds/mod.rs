@@ -12,7 +12,7 @@
 pub(crate) mod backoff;
 mod client;
 mod connect;
-mod resource;
+pub(crate) mod resource;
 mod state;
 
 use std::path::PathBuf;

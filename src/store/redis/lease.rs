@@ -75,7 +75,7 @@ pub(crate) async fn run(
 }
 
 /// Turns the script's reply into a grant.
-fn decode(reply: Value) -> Result<LeaseGrant, StoreError> {
+pub(crate) fn decode(reply: Value) -> Result<LeaseGrant, StoreError> {
     let reply: Vec<i64> = reply
         .convert()
         .map_err(|e| StoreError::Protocol(format!("lease script reply: {}", e.details())))?;

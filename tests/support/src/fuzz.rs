@@ -120,3 +120,90 @@ pub fn request(data: &[u8]) -> bool {
         .block_on(rig.service.should_rate_limit(&request))
         .is_ok()
 }
+
+/// Bytes read front to back by the structured harnesses; zeros once they run out.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn byte(&mut self) -> u8 {
+        let Some((&first, rest)) = self.0.split_first() else {
+            return 0;
+        };
+        self.0 = rest;
+        first
+    }
+
+    fn word(&mut self) -> [u8; 8] {
+        std::array::from_fn(|_| self.byte())
+    }
+
+    fn take(&mut self, most: usize) -> &[u8] {
+        let (taken, rest) = self.0.split_at(most.min(self.0.len()));
+        self.0 = rest;
+        taken
+    }
+}
+
+/// A Redis reply (RESP value tree) made from the input: every kind fred hands the
+/// decoders, nested up to `depth` arrays.
+fn reply_value(input: &mut Input<'_>, depth: u8) -> fred::types::Value {
+    use fred::types::Value;
+    match input.byte() % 8 {
+        0 => Value::Null,
+        1 => Value::from(i64::from_le_bytes(input.word())),
+        2 => Value::from(f64::from_le_bytes(input.word())),
+        3 => Value::from(input.byte() % 2 == 1),
+        4 => {
+            let len = usize::from(input.byte());
+            Value::from(input.take(len))
+        }
+        5 => {
+            let len = usize::from(input.byte());
+            Value::from(String::from_utf8_lossy(input.take(len)).into_owned())
+        }
+        // The script's own shape: a string of five doubles per limit.
+        6 => {
+            let limits = usize::from(input.byte() % 4);
+            Value::from(input.take(limits * 40))
+        }
+        _ if depth > 0 => {
+            let len = usize::from(input.byte() % 10);
+            Value::Array((0..len).map(|_| reply_value(input, depth - 1)).collect())
+        }
+        _ => Value::Array(Vec::new()),
+    }
+}
+
+/// Bytes → a Redis reply and an error reply → every Redis reply decoder
+/// (`sluice::fuzzing::redis_reply`): never a panic.
+pub fn redis_reply(data: &[u8]) {
+    let mut input = Input(data);
+    let limits = usize::from(input.byte() % 4);
+    let error_len = usize::from(input.byte());
+    let error = String::from_utf8_lossy(input.take(error_len)).into_owned();
+    let reply = reply_value(&mut input, 3);
+    sluice::fuzzing::redis_reply(&reply, limits, &error);
+}
+
+/// Bytes → one xDS resource (a `RateLimitConfig`, protobuf; a first byte of 0xff gives
+/// it a wrong type) → rule files → rules: the number of rules, or why not.
+pub fn xds(data: &[u8]) -> Result<usize, String> {
+    let (type_url, value) = match data.split_first() {
+        Some((0xff, rest)) => ("type.googleapis.com/google.protobuf.Empty", rest),
+        _ => (sluice::xds::TYPE_URL, data),
+    };
+    let resource = prost_types::Any {
+        type_url: type_url.into(),
+        value: value.to_vec(),
+    };
+    sluice::fuzzing::xds_resources(&[resource])
+}
+
+/// Bytes → a `POST /json` body → a request, decided as [`request`] decides one:
+/// whether it parsed and was answered.
+pub fn json(data: &[u8]) -> bool {
+    match sluice::fuzzing::json_request(data) {
+        Ok(parsed) => request(&parsed.encode_to_vec()),
+        Err(_) => false,
+    }
+}

@@ -144,7 +144,8 @@ fn mutant(rng: &mut Rng, corpus: &[(String, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// Feeds each target mutants for `SLUICE_FUZZ_SECONDS`; a panicking input is written
-/// to `$CARGO_TARGET_TMPDIR/fuzz-crash-<target>` (to commit under `fuzz/corpus/`).
+/// to `$CARGO_TARGET_TMPDIR/fuzz-crash-<target>` (to commit as
+/// `fuzz/corpus/<target>/seed-regression-NAME`).
 #[test]
 fn fuzz_for_a_while() {
     let seconds = std::env::var("SLUICE_FUZZ_SECONDS")

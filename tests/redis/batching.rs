@@ -12,7 +12,7 @@ use sluice::algorithm::{AlgorithmKind, Quota};
 use sluice::rules::Entry;
 use sluice::store::redis::script::limit_key;
 use sluice::store::redis::{RedisMode, RedisStore};
-use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
+use sluice::store::{CounterKey, KeyPrefix, LimitCheck, Store, StoreCheck};
 use support::redis::{connected_store, RedisCluster, RedisServer};
 
 /// Concurrent calls on a standalone server.
@@ -44,7 +44,7 @@ fn check(domain: &str, value: &str) -> StoreCheck {
 }
 
 fn slot_of(check: &StoreCheck) -> u16 {
-    fred::util::redis_keyslot(limit_key(check.key, 0).as_bytes())
+    fred::util::redis_keyslot(limit_key(&KeyPrefix::default(), check.key, 0).as_bytes())
 }
 
 /// `count` checks of `domain` on distinct keys that all hash to `slot` (found by trying

@@ -61,12 +61,12 @@ impl Node {
         node
     }
 
-    /// Drops this client's connection and makes a new one, in the background (nothing
-    /// if one is under way, or if the client is not connected: fred is then connecting
-    /// already). Calls in flight on it fail; they are not sent again.
-    fn reconnect(&self) {
+    /// Drops this client's connection and makes a new one, in the background; whether
+    /// it did (not if one is under way, nor if the client is not connected: fred is
+    /// then connecting already). Calls in flight on it fail; they are not sent again.
+    fn reconnect(&self) -> bool {
         if !self.client.is_connected() || self.reconnecting.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         let client = self.client.clone();
         let reconnecting = self.reconnecting.clone();
@@ -74,6 +74,7 @@ impl Node {
             let _ = tokio::time::timeout(RECONNECT_WAIT, client.force_reconnection()).await;
             reconnecting.store(false, Ordering::Release);
         });
+        true
     }
 }
 
@@ -107,21 +108,21 @@ impl Clients {
         let _ = self.forget.set(forget);
     }
 
-    /// Reconnects every backend's client of `node` (a forced reconnection each, in the
-    /// background).
+    /// Reconnects every backend's client of `node` that is connected (a forced
+    /// reconnection each, in the background), with one log line if any was.
     pub(crate) fn reconnect(&self, node: &str) {
         let live: Vec<Arc<Node>> = self
             .lock()
             .get(node)
             .map(|list| list.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default();
-        tracing::warn!(
-            node,
-            clients = live.len(),
-            "redis node stopped answering: reconnecting every client of it"
-        );
-        for client in &live {
-            client.reconnect();
+        let reconnected = live.iter().filter(|client| client.reconnect()).count();
+        if reconnected > 0 {
+            tracing::warn!(
+                node,
+                clients = reconnected,
+                "redis node stopped answering on its connections: reconnecting"
+            );
         }
         // `live` is dropped here, outside the lock: the last reference to a client
         // runs its `Drop`, which takes the lock.

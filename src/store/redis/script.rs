@@ -399,7 +399,7 @@ mod tests {
 
     #[test]
     fn keys_built_in_a_shared_buffer_equal_the_formatted_ones() {
-        for prefix in ["", "tenant-a:", &"long-prefix:".repeat(20)] {
+        for prefix in ["", "tenant-a:", &"long-prefix:".repeat(10)] {
             let prefix = KeyPrefix::new(prefix).expect("a prefix");
             let mut buffer = BytesMut::new();
             for n in 0..100u128 {

@@ -21,6 +21,7 @@ pub(crate) mod health;
 pub(crate) mod lease;
 pub(crate) mod nodes;
 pub mod script;
+pub(crate) mod sentinel;
 pub(crate) mod tls;
 
 use std::future::Future;

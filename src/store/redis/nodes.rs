@@ -1,6 +1,7 @@
 //! Where each call goes: the fred client of the node that owns its hash slot.
 //!
-//! A standalone server or a Sentinel-managed primary is one node with one client. A Redis
+//! A standalone server or a Sentinel-managed primary is one node with one client (a
+//! Sentinel primary's is replaced when the sentinels name another, see [`super::sentinel`]). A Redis
 //! Cluster gets one client per primary, and Sluice routes by slot itself, from its own
 //! copy of `CLUSTER SLOTS`. fred's clustered client cannot do this part: whenever one
 //! connection breaks it rebuilds its connection to every primary of its slot map and
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
-use fred::prelude::{Client, ClientLike, Config, EventInterface, Server};
+use fred::prelude::{Client, ClientLike, Config, EventInterface, Server, ServerConfig};
 use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::runtime::Handle;
@@ -26,6 +27,7 @@ use tokio::sync::{watch, Notify};
 use super::client::{self, log_connection_errors, RedisMode, RedisOptions};
 use super::clients::{Clients, Node};
 use super::functions::{NodeLua, Scripting};
+use super::sentinel;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
@@ -88,8 +90,10 @@ impl Topology {
 pub(crate) struct Nodes {
     /// The current topology.
     topology: ArcSwap<Topology>,
-    /// Wakes the refresher early (cluster only).
+    /// Wakes the refresher (cluster) or the sentinel follower early.
     wake: Option<Arc<Notify>>,
+    /// Whether slots live on different nodes (a cluster).
+    clustered: bool,
     /// Whether a slot map has been read (always, for a single node).
     known: watch::Sender<bool>,
     /// Makes the clients of new nodes.
@@ -123,6 +127,9 @@ impl Nodes {
             scripting,
             clients,
         };
+        if options.mode == RedisMode::Sentinel {
+            return Ok(Self::follow_sentinels(factory));
+        }
         if options.mode != RedisMode::Cluster {
             let node = factory.node(Arc::from("redis"), None)?;
             return Ok(Arc::new(Self {
@@ -131,6 +138,7 @@ impl Nodes {
                     owners: Box::default(),
                 }),
                 wake: None,
+                clustered: false,
                 known: watch::Sender::new(true),
                 factory,
                 writer: Mutex::new(()),
@@ -145,6 +153,7 @@ impl Nodes {
                 owners: vec![UNOWNED; SLOTS].into_boxed_slice(),
             }),
             wake: Some(wake.clone()),
+            clustered: true,
             known: watch::Sender::new(false),
             factory,
             writer: Mutex::new(()),
@@ -153,6 +162,89 @@ impl Nodes {
         });
         tokio::spawn(refresh(Arc::downgrade(&nodes), wake));
         Ok(nodes)
+    }
+
+    /// No node until the sentinels name the primary; the follower keeps it current.
+    fn follow_sentinels(factory: NodeFactory) -> Arc<Self> {
+        let (sentinels, service) = match &factory.config.server {
+            ServerConfig::Sentinel {
+                hosts,
+                service_name,
+            } => (hosts.clone(), service_name.clone()),
+            _ => (Vec::new(), String::new()),
+        };
+        let watch = sentinel::Watch {
+            sentinels,
+            service,
+            config: factory.config.clone(),
+            options: factory.options.clone(),
+        };
+        let wake = Arc::new(Notify::new());
+        let nodes = Arc::new(Self {
+            topology: ArcSwap::from_pointee(Topology {
+                nodes: Vec::new(),
+                owners: Box::default(),
+            }),
+            wake: Some(wake.clone()),
+            clustered: false,
+            known: watch::Sender::new(false),
+            factory,
+            writer: Mutex::new(()),
+            asked: AtomicUsize::new(0),
+            runtime: Handle::current(),
+        });
+        tokio::spawn(sentinel::follow(Arc::downgrade(&nodes), watch, wake));
+        nodes
+    }
+
+    /// The sentinels name `server` as the primary (`how`: a notice or an answer): unless
+    /// it is the one served already, a client for it is made and connected (for at most
+    /// [`sentinel::POLL_EVERY`]: one not connected by then still takes calls, which wait
+    /// for it within their deadline), then takes every call, and the old one is closed.
+    /// The new node has a breaker of its own: the old primary's failures do not keep
+    /// calls from the new one.
+    pub(crate) async fn follow_primary(&self, server: Server, how: &'static str) {
+        let name = server.to_string();
+        let current = self.topology.load_full();
+        if current.nodes.iter().any(|node| *node.name == *name) {
+            return;
+        }
+        let node = match self.factory.node(Arc::from(name.as_str()), Some(server)) {
+            Ok(node) => node,
+            Err(error) => {
+                tracing::warn!(primary = %name, %error, "redis sentinel primary skipped");
+                return;
+            }
+        };
+        let _ = tokio::time::timeout(sentinel::POLL_EVERY, node.client.wait_for_connect()).await;
+        let old = {
+            let _writer = lock(&self.writer);
+            let old = self.topology.load_full();
+            self.topology.store(Arc::new(Topology {
+                nodes: vec![node],
+                owners: Box::default(),
+            }));
+            old
+        };
+        self.known.send_replace(true);
+        let from = old.nodes.first().map(|node| node.name.clone());
+        tracing::info!(
+            from = from.as_deref().unwrap_or("none"),
+            to = %name,
+            how,
+            "redis sentinel primary followed"
+        );
+        let gone = old.nodes.clone();
+        if !gone.is_empty() {
+            tokio::spawn(async move {
+                // A batch may still hold the old topology.
+                tokio::time::sleep(REFRESH_EVERY).await;
+                for node in gone {
+                    // A hung primary answers no QUIT: do not wait for it.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), node.client.quit()).await;
+                }
+            });
+        }
     }
 
     /// The current topology.
@@ -182,7 +274,7 @@ impl Nodes {
 
     /// Whether slots live on different nodes.
     pub(crate) fn clustered(&self) -> bool {
-        self.wake.is_some()
+        self.clustered
     }
 
     /// A call on `slot` was answered `MOVED` to `server`: the slot map says so at once
@@ -190,7 +282,9 @@ impl Nodes {
     /// there, and the whole map is read again soon. `None` for a single node, or when
     /// no client can be made.
     pub(crate) fn moved(&self, slot: u16, server: Server) -> Option<Arc<Node>> {
-        self.wake.as_ref()?;
+        if !self.clustered {
+            return None;
+        }
         self.suspect();
         let _writer = lock(&self.writer);
         let current = self.topology.load_full();
@@ -208,7 +302,9 @@ impl Nodes {
     /// known yet gets a client, kept with the others until the next refresh. `None` for
     /// a single node, or when no client can be made.
     pub(crate) fn migrating_to(&self, server: Server) -> Option<Arc<Node>> {
-        self.wake.as_ref()?;
+        if !self.clustered {
+            return None;
+        }
         let name = server.to_string();
         if let Some(node) = self.topology().node(&name) {
             return Some(node.clone());
@@ -234,7 +330,8 @@ impl Nodes {
         Some(nodes.len() - 1)
     }
 
-    /// A call failed or was redirected: the slot map may be stale, refresh it soon.
+    /// A call failed or was redirected: the slot map (or the Sentinel primary) may be
+    /// stale, look again soon.
     pub(crate) fn suspect(&self) {
         if let Some(wake) = &self.wake {
             wake.notify_one();

@@ -10,6 +10,7 @@ pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
 pub mod xds;
 
 use std::collections::HashMap;

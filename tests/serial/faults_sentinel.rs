@@ -1,0 +1,176 @@
+//! Redis Sentinel (DESIGN §5, issue #45): a real primary, replica and three
+//! `redis-sentinel` processes. Sluice in `--store redis-sentinel` serves through both
+//! URL forms of the README, and follows a failover under load, whether the primary is
+//! killed or hung (`DEBUG SLEEP`): every call is answered within its deadline, by the
+//! rule's failure mode while no primary answers, and by the new primary soon after the
+//! sentinels promote it, long before a hung primary wakes up.
+
+use std::time::{Duration, Instant};
+
+use support::fault::{assert_all_answered, call, serial, Answer, Load, Outcome, RULES};
+use support::sentinel::SentinelSetup;
+use support::TestServer;
+
+/// `--redis-timeout` (see `faults.rs`: a debug build on a loaded 2-core machine).
+const STORE_TIMEOUT: &str = "50ms";
+/// The deadline of the calls under load.
+const LOAD_DEADLINE: Duration = Duration::from_millis(100);
+/// How long a hung primary sleeps: far longer than a failover takes.
+const HUNG_FOR: Duration = Duration::from_secs(10);
+/// Longest time from the fault to answers by the new primary again: the sentinels'
+/// detection (1 s) and election (~1 s), and the margin of a loaded machine. A Sluice
+/// that waits for a hung primary to wake takes [`HUNG_FOR`].
+const RECOVERY: Duration = Duration::from_secs(6);
+
+async fn sluice(url: &str) -> TestServer {
+    TestServer::start(
+        &[("faults.yaml".to_owned(), RULES.to_owned())],
+        &[],
+        &[
+            "--store",
+            "redis-sentinel",
+            "--redis-url",
+            url,
+            "--redis-timeout",
+            STORE_TIMEOUT,
+            "--replicas",
+            "2",
+        ],
+    )
+    .await
+}
+
+/// `few` has a limit of 3: exactly 3 of 5 calls pass.
+async fn assert_exact(server: &TestServer, value: &str) {
+    let mut client = server.client().await;
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(call(&mut client, "few", value, LOAD_DEADLINE).await.outcome);
+    }
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Ok,
+            Outcome::Ok,
+            Outcome::Ok,
+            Outcome::Over,
+            Outcome::Over
+        ],
+        "exact limit on {value}"
+    );
+}
+
+/// Waits until the sentinels name a primary other than `old` (at most `within`);
+/// returns its index.
+fn wait_promoted(setup: &SentinelSetup, old: u16, within: Duration) -> (usize, Instant) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(port) = setup.primary_port().filter(|port| *port != old) {
+            return (setup.index_of(port), Instant::now());
+        }
+        assert!(Instant::now() < deadline, "no promotion within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// When the `closed` rule's answers became Redis's for good: the start of the first
+/// call after `fault` from which every answer is OK (a refusal is the failure mode).
+fn recovered_at(answers: &[Answer], fault: Instant) -> Option<Instant> {
+    let after: Vec<&Answer> = answers.iter().filter(|a| a.started > fault).collect();
+    let last_refusal = after.iter().rposition(|a| a.outcome != Outcome::Ok);
+    match last_refusal {
+        Some(at) => after.get(at + 1).map(|a| a.started),
+        None => after.first().map(|a| a.started),
+    }
+}
+
+/// Starts Sluice on `url`, checks it serves exactly, loads it, applies `fault` to the
+/// primary, and checks the failover: every call answered, the failure mode while no
+/// primary answers, Redis's answers from the new primary within [`RECOVERY`], exact
+/// limits after. `form` picks the URL form ([`SentinelSetup::urls`]).
+async fn failover(form: usize, what: &str, fault: impl FnOnce(&mut SentinelSetup)) {
+    let mut setup = SentinelSetup::start();
+    let old = setup.servers[0].port;
+    let server = sluice(&setup.urls()[form]).await;
+    assert_exact(&server, "before").await;
+    let status = server.status().await;
+    assert_eq!(status["store"]["kind"], "redis-sentinel", "{status}");
+
+    let client = server.client().await;
+    let closed = Load::start(&client, "closed", "load", 2, LOAD_DEADLINE);
+    let open = Load::start(&client, "open", "load", 1, LOAD_DEADLINE);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let new_calls_before = setup.servers[1].script_calls();
+
+    let started = Instant::now();
+    fault(&mut setup);
+    let (new, promoted) = wait_promoted(&setup, old, Duration::from_secs(15));
+    // Load goes on until the new primary has answered for a while.
+    let deadline = started + RECOVERY + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let closed = closed.stop().await;
+    let open = open.stop().await;
+    assert_all_answered(&closed, what);
+    assert_all_answered(&open, what);
+    assert!(
+        open.iter().all(|a| a.outcome == Outcome::Ok),
+        "{what}: `open` admits throughout"
+    );
+    assert!(
+        closed
+            .iter()
+            .any(|a| a.started > started && a.started < promoted && a.outcome == Outcome::Over),
+        "{what}: no failure-mode answer while no primary answered"
+    );
+    let recovered = recovered_at(&closed, started)
+        .unwrap_or_else(|| panic!("{what}: Redis never answered again"));
+    eprintln!(
+        "{what}: promoted {:?} after the fault, Redis answers {:?} after the fault \
+         ({:?} after the promotion)",
+        promoted - started,
+        recovered - started,
+        recovered.saturating_duration_since(promoted)
+    );
+    assert!(
+        recovered - started < RECOVERY,
+        "{what}: Redis answered again only {:?} after the fault",
+        recovered - started
+    );
+    assert_eq!(new, 1, "the replica was promoted");
+    assert!(
+        setup.servers[new].script_calls() > new_calls_before,
+        "{what}: the new primary got no script call"
+    );
+    assert_exact(&server, what).await;
+    let status = server.status().await;
+    assert_eq!(status["store"]["health"], "ok", "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_followed() {
+    let _serial = serial().await;
+    // The reference's form: `NAME,host:port,...`.
+    failover(1, "kill -9 primary", |setup| setup.servers[0].kill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_is_followed() {
+    let _serial = serial().await;
+    // fred's form: `redis-sentinel://host:port?sentinelServiceName=NAME&node=...`.
+    failover(0, "hung primary", |setup| {
+        let primary = setup.servers[0].port;
+        let seconds = HUNG_FOR.as_secs().to_string();
+        // redis-cli waits for the sleep to end: in a thread of its own.
+        std::thread::spawn(move || {
+            let cli = std::env::var("SLUICE_REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".into());
+            let _ = std::process::Command::new(cli)
+                .args(["-p", &primary.to_string(), "DEBUG", "SLEEP", &seconds])
+                .output();
+        });
+        // The sleep has begun once the primary stops answering.
+        std::thread::sleep(Duration::from_millis(50));
+    })
+    .await;
+}

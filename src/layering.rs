@@ -18,7 +18,7 @@ const TOP_LEVEL: &[&[&str]] = &[
     &["admin", "listener"],
     &["lifecycle", "service", "xds"],
     &["limiter"],
-    &["store"],
+    &["store", "ledger"],
     &["lanes", "rules", "telemetry", "clock"],
     &["algorithm", "codec"],
     &["proto", "pem", "reloading", "jitter"],
@@ -30,7 +30,7 @@ const STORE_REDIS: &[&[&str]] = &[
     &["call"],
     &["health"],
     &["nodes"],
-    &["clients"],
+    &["clients", "sentinel"],
     &["functions", "client"],
     &["script", "tls"],
 ];

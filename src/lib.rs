@@ -16,6 +16,7 @@ pub mod commands;
 pub mod fuzzing;
 pub(crate) mod jitter;
 pub(crate) mod lanes;
+pub mod ledger;
 pub(crate) mod lifecycle;
 pub mod limiter;
 pub mod listener;

@@ -40,6 +40,24 @@ fn main() -> anyhow::Result<ExitCode> {
             )?;
             Ok(exit_code(ok))
         }
+        Command::Ledger(settings::LedgerCommand::Migrate(args)) => {
+            runtime(Some(1))?.block_on(async {
+                let mut client = sluice::ledger::schema::connect(&args.ledger_url)
+                    .await
+                    .with_context(|| {
+                        format!("connecting to {}", sluice::ledger::mask(&args.ledger_url))
+                    })?;
+                let applied = sluice::ledger::schema::migrate(&mut client).await?;
+                match applied.as_slice() {
+                    [] => println!(
+                        "ledger schema already at version {}",
+                        sluice::ledger::schema::VERSION
+                    ),
+                    applied => println!("ledger schema migrated: applied versions {applied:?}"),
+                }
+                Ok(ExitCode::SUCCESS)
+            })
+        }
         #[cfg(feature = "bench")]
         Command::Bench(args) => {
             let report = sluice::bench::run(&args)?;

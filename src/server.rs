@@ -13,6 +13,7 @@ use tonic_health::ServingStatus;
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::lanes::{self, Lanes};
+use crate::ledger::Ledger;
 use crate::lifecycle::Lifecycle;
 use crate::listener::lanes::MakeRouter;
 use crate::listener::{self, tls::ReloadingTls, ConnectionAge};
@@ -126,6 +127,9 @@ pub async fn run_with_clock(
     }
 }
 
+/// How long shutdown waits for the ledger to write what it holds.
+const LEDGER_FLUSH: Duration = Duration::from_secs(5);
+
 /// How long startup waits for Redis to be connected and its Lua code loaded before
 /// serving, so that the first requests find it as ready as the later ones.
 const REDIS_WARM_UP: Duration = Duration::from_secs(1);
@@ -145,7 +149,21 @@ async fn serve<S: Store>(
         tracing::info!(variable = %name, why, "reference setting ignored");
     }
     let rules = Arc::new(LiveRules::new(settings.config.clone(), settings.load));
+    let ledger = settings.ledger.as_ref().map(|ledger| {
+        tracing::info!(
+            url = %crate::ledger::mask(&ledger.url),
+            interval = ?ledger.interval,
+            spool = ledger.spool,
+            "usage ledger on"
+        );
+        Arc::new(Ledger::start(
+            ledger,
+            crate::ledger::instance_id(SystemClock::shared().now() / 1_000),
+            metrics.clone(),
+        ))
+    });
     let service = Service::builder(store, rules.clone())
+        .ledger(ledger.clone())
         .clock(clock)
         .limiter_settings(settings.limiter)
         .response(settings.response.clone())
@@ -319,6 +337,14 @@ async fn serve<S: Store>(
         .is_err()
     {
         tracing::warn!("unused lease units not all returned at exit");
+    }
+    if let Some(ledger) = ledger {
+        // Bounded too: what a database that is down keeps is logged as unwritten.
+        ledger.flush(LEDGER_FLUSH).await;
+        let left = ledger.spooled_units();
+        if left > 0 {
+            tracing::error!(units = left, "ledger usage not written at exit");
+        }
     }
     tracing::info!("sluice stopped");
     result

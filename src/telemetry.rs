@@ -148,6 +148,16 @@ pub struct Metrics {
     pub(crate) config_rules: Gauge,
     /// Live entries the memory store evicted because it was full.
     pub(crate) memory_evictions: Counter,
+    /// Ledger units written to PostgreSQL.
+    pub(crate) ledger_written_units: Counter,
+    /// Ledger units sealed and not written yet (the spool).
+    pub(crate) ledger_spooled_units: Gauge,
+    /// Seal time (Unix seconds) of the oldest unwritten ledger batch; 0 when none.
+    pub(crate) ledger_oldest_unwritten: Gauge,
+    /// Failed ledger writes and connection attempts.
+    pub(crate) ledger_write_failures: Counter,
+    /// Ledger units dropped because the queue or the spool was full.
+    pub(crate) ledger_dropped_units: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
     /// Units of the leases this instance holds open (used or not), per rule.
@@ -397,6 +407,36 @@ impl Metrics {
             "Live counters evicted because the memory store was full",
             memory_evictions.clone(),
         );
+        let ledger_written_units = Counter::default();
+        registry.register(
+            "ledger_written_units",
+            "Units of ledger rules written to PostgreSQL",
+            ledger_written_units.clone(),
+        );
+        let ledger_spooled_units = Gauge::default();
+        registry.register(
+            "ledger_spooled_units",
+            "Units of ledger rules sealed in batches and not yet written (the spool)",
+            ledger_spooled_units.clone(),
+        );
+        let ledger_oldest_unwritten = Gauge::default();
+        registry.register(
+            "ledger_oldest_unwritten_timestamp_seconds",
+            "When the oldest unwritten ledger batch was sealed (Unix seconds; 0: none): the lag is time() minus it",
+            ledger_oldest_unwritten.clone(),
+        );
+        let ledger_write_failures = Counter::default();
+        registry.register(
+            "ledger_write_failures",
+            "Failed ledger writes and connection attempts to PostgreSQL",
+            ledger_write_failures.clone(),
+        );
+        let ledger_dropped_units = Counter::default();
+        registry.register(
+            "ledger_dropped_units",
+            "Units of ledger rules never written: the queue or the spool was full",
+            ledger_dropped_units.clone(),
+        );
         let local_decisions = Family::default();
         registry.register(
             "local_decisions",
@@ -543,6 +583,11 @@ impl Metrics {
             config_reloads,
             config_rules,
             memory_evictions,
+            ledger_written_units,
+            ledger_spooled_units,
+            ledger_oldest_unwritten,
+            ledger_write_failures,
+            ledger_dropped_units,
             local_decisions,
             lease_outstanding,
             lease_bound,

@@ -148,6 +148,7 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             "breaker": store_status.breaker,
             "lua": store_status.lua,
         },
+        "ledger": state.service.limiter().ledger().map(|ledger| ledger.status()),
     });
     axum::Json(body).into_response()
 }

@@ -38,6 +38,8 @@ use matching::Applies;
 use precheck::Precheck;
 use within::within;
 
+use crate::ledger::{Ledger, UsageKey};
+
 /// One descriptor of a request, borrowed from the wire message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor<'a> {
@@ -169,6 +171,8 @@ pub struct Limiter<S> {
     precheck_on: bool,
     /// Units this instance leased per hot key (only for stores that lease).
     leases: Leases,
+    /// Where units admitted for `ledger: true` limits are recorded (never awaited).
+    ledger: Option<Arc<Ledger>>,
 }
 
 /// A descriptor waiting for its decision.
@@ -213,7 +217,19 @@ impl<S: Store> Limiter<S> {
             precheck_on: store.is_shared(),
             leases,
             store,
+            ledger: None,
         }
+    }
+
+    /// Records the units the store admits for `ledger: true` limits in `ledger`.
+    pub fn with_ledger(mut self, ledger: Option<Arc<Ledger>>) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// The usage ledger, if one is configured.
+    pub fn ledger(&self) -> Option<&Arc<Ledger>> {
+        self.ledger.as_ref()
     }
 
     /// Turns the local pre-check on or off (it is on for shared stores). Tests turn it
@@ -273,6 +289,7 @@ impl<S: Store> Limiter<S> {
         }
         let (decisions, by_store) = self.ask_store(&pending, &checks, deadline).await?;
         self.store_verdicts(
+            request,
             pending,
             &checks,
             &decisions,
@@ -470,8 +487,10 @@ impl<S: Store> Limiter<S> {
 
     /// Step 4: the verdict of each pending check from its decisions (`by_store`: which
     /// checks the store decided, where it failed for some).
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a step's output
     fn store_verdicts<'r>(
         &self,
+        request: &CheckRequest<'_>,
         pending: Vec<Pending<'r>>,
         checks: &[StoreCheck],
         decisions: &[Decision],
@@ -488,6 +507,15 @@ impl<S: Store> Limiter<S> {
                 Some(by_store) if !by_store[position] => DecidedBy::FailureMode,
                 _ => DecidedBy::Store,
             };
+            if decided_by == DecidedBy::Store {
+                match &self.ledger {
+                    Some(ledger) => {
+                        let entries = &request.descriptors[index].entries;
+                        record_usage(ledger, &item.rule, entries, check, limit_decisions, now);
+                    }
+                    None => warn_no_ledger(&item.rule),
+                }
+            }
             verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
         }
     }
@@ -736,3 +764,71 @@ pub(crate) fn ceil_seconds(micros: u64) -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+/// Says once per process that `ledger: true` limits are served without a ledger
+/// (`serve` without `--ledger-url`): their usage is enforced but not recorded.
+fn warn_no_ledger(rule: &Rule) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if rule.limits.iter().any(|limit| limit.ledger)
+        && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        tracing::error!(
+            rule = %rule.stats_key,
+            "a ledger: true limit is served without --ledger-url: its usage is not recorded"
+        );
+    }
+}
+
+/// Records in `ledger` the units the store admitted for the `ledger: true` limits of
+/// `rule` (nothing when it refused: a refused request was not served). The window is
+/// the one whose end the store reported (`now + reset_after`, on a window boundary:
+/// rounding absorbs a skew between this clock and the store's of less than half a
+/// window).
+fn record_usage(
+    ledger: &Ledger,
+    rule: &Rule,
+    entries: &[Entry<'_>],
+    check: &StoreCheck,
+    decisions: &[Decision],
+    now: Micros,
+) {
+    if check.cost == 0 || !rule.limits.iter().any(|limit| limit.ledger) {
+        return;
+    }
+    if !decisions.iter().all(|decision| decision.allowed) {
+        return;
+    }
+    let mut descriptor = String::new();
+    for (at, entry) in entries.iter().enumerate() {
+        if at > 0 {
+            descriptor.push(',');
+        }
+        descriptor.push_str(entry.key);
+        descriptor.push('=');
+        descriptor.push_str(entry.value);
+    }
+    let descriptor: Box<str> = descriptor.into();
+    for (limit, decision) in rule.limits.iter().zip(decisions) {
+        if !limit.ledger {
+            continue;
+        }
+        let period = limit.unit.micros();
+        let end = (now + decision.reset_after + period / 2) / period * period;
+        let window_start = end.saturating_sub(period) / MICROS_PER_SECOND;
+        let name = format!(
+            "{}:{}",
+            rule.stats_key,
+            limit.unit.as_upper_str().to_lowercase()
+        );
+        ledger.record(
+            UsageKey {
+                domain: rule.domain.clone(),
+                descriptor: descriptor.clone(),
+                limit: Arc::from(name),
+                window_start,
+                window_seconds: limit.unit.seconds(),
+            },
+            check.cost,
+        );
+    }
+}

@@ -238,6 +238,10 @@ fn limit(
         ));
     }
     let lease = lease(file, path, raw, algorithm, requests_per_unit, errors);
+    let ledger = raw.ledger.unwrap_or(false);
+    if ledger {
+        ledger_fits(file, path, algorithm, &lease, errors);
+    }
     (errors.len() == before).then_some(Limit {
         requests_per_unit,
         unit,
@@ -245,7 +249,41 @@ fn limit(
         burst: raw.burst,
         failure_mode,
         lease,
+        ledger,
     })
+}
+
+/// `ledger: true` records units per window: only a `fixed_window` limit has windows
+/// that the ledger, the store and an invoice all agree on, and only units the store
+/// admitted one request at a time are recorded (leased units are charged before they
+/// are used, and may be returned).
+fn ledger_fits(
+    file: &str,
+    path: &str,
+    algorithm: AlgorithmKind,
+    lease: &Lease,
+    errors: &mut Vec<ConfigError>,
+) {
+    let ledger_path = format!("{path}.ledger");
+    if algorithm != AlgorithmKind::FixedWindow {
+        errors.push(ConfigError::sluice(
+            file,
+            &ledger_path,
+            format!(
+                "ledger needs algorithm fixed_window (a quota counts units per calendar-aligned \
+                 window), not {}",
+                algorithm.as_str()
+            ),
+        ));
+    }
+    if lease.mode != LeaseMode::Off {
+        errors.push(ConfigError::sluice(
+            file,
+            &ledger_path,
+            "ledger cannot be combined with lease: leased units are charged before they are \
+             used and may be returned, so they cannot be recorded as admitted",
+        ));
+    }
 }
 
 /// `lease` and `lease_ttl`: which algorithms can lease, and sizes that can be granted.

@@ -145,6 +145,7 @@ fn dump_line(rule: &Rule) -> String {
                 || limit.burst.is_some()
                 || limit.failure_mode != FailureMode::Open
                 || limit.lease.mode != LeaseMode::Off
+                || limit.ledger
         });
     if extended {
         let limits: Vec<String> = rule
@@ -169,6 +170,9 @@ fn dump_line(rule: &Rule) -> String {
                 if limit.lease.mode != LeaseMode::Off && limit.lease.ttl != DEFAULT_LEASE_TTL_MICROS
                 {
                     text.push_str(&format!(" lease_ttl={}ms", limit.lease.ttl / 1_000));
+                }
+                if limit.ledger {
+                    text.push_str(" ledger");
                 }
                 text
             })
@@ -213,6 +217,7 @@ fn override_match<'r>(
             burst: None,
             failure_mode: FailureMode::Open,
             lease: Lease::default(),
+            ledger: false,
         }],
         unlimited: false,
         shadow_mode: false,

@@ -135,6 +135,8 @@ pub struct Limit {
     pub(crate) failure_mode: FailureMode,
     /// Token leasing (only for a rule's single `rate_limit`).
     pub(crate) lease: Lease,
+    /// Every unit the store admits is recorded in the usage ledger (`ledger: true`).
+    pub(crate) ledger: bool,
 }
 
 impl Limit {

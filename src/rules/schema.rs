@@ -49,6 +49,7 @@ const VALID_KEYS: &[&str] = &[
     "failure_mode",
     "lease",
     "lease_ttl",
+    "ledger",
 ];
 
 /// The root of a file.
@@ -96,6 +97,8 @@ pub(crate) struct RawRateLimit {
     pub(crate) lease: Option<String>,
     /// Sluice: longest life of a lease (`250ms`, `1s`).
     pub(crate) lease_ttl: Option<String>,
+    /// Sluice: record every admitted unit in the usage ledger (PostgreSQL).
+    pub(crate) ledger: Option<bool>,
 }
 
 /// One item of `replaces`.

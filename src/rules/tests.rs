@@ -439,3 +439,36 @@ fn zero_prefixed_numbers_load_as_in_the_reference() {
         );
     }
 }
+
+#[test]
+fn ledger_needs_a_fixed_window_and_no_lease() {
+    let rules = compile(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: month, requests_per_unit: 100, ledger: true}\n",
+    )
+    .unwrap();
+    assert!(
+        rules.dump_lines().iter().any(|l| l.contains(" ledger")),
+        "{:?}",
+        rules.dump_lines()
+    );
+    let cases = [
+        (
+            "{unit: day, requests_per_unit: 5, algorithm: token_bucket, ledger: true}",
+            "ledger needs algorithm fixed_window",
+        ),
+        (
+            "{unit: day, requests_per_unit: 5, lease: 2, ledger: true}",
+            "ledger cannot be combined with lease",
+        ),
+    ];
+    for (limit, expected) in cases {
+        let text = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {limit}\n");
+        let found = errors(&text);
+        assert!(
+            found
+                .iter()
+                .any(|e| e.contains(expected) && e.contains("descriptors[0].rate_limit.ledger")),
+            "{limit}: {found:?}"
+        );
+    }
+}

@@ -22,6 +22,7 @@ pub struct ServiceBuilder<S> {
     bounds: RequestBounds,
     metrics: Option<Arc<Metrics>>,
     debug: Option<Arc<DebugReports>>,
+    ledger: Option<Arc<crate::ledger::Ledger>>,
 }
 
 impl<S: Store> ServiceBuilder<S> {
@@ -37,6 +38,7 @@ impl<S: Store> ServiceBuilder<S> {
             bounds: RequestBounds::default(),
             metrics: None,
             debug: None,
+            ledger: None,
         }
     }
 
@@ -49,6 +51,12 @@ impl<S: Store> ServiceBuilder<S> {
     /// The limiter's request semantics.
     pub fn limiter_settings(mut self, settings: LimiterSettings) -> Self {
         self.limiter = settings;
+        self
+    }
+
+    /// The usage ledger, where units admitted for `ledger: true` limits are recorded.
+    pub fn ledger(mut self, ledger: Option<Arc<crate::ledger::Ledger>>) -> Self {
+        self.ledger = ledger;
         self
     }
 
@@ -80,7 +88,8 @@ impl<S: Store> ServiceBuilder<S> {
     pub fn build(self) -> Service<S> {
         let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::new()));
         let clock = self.clock.unwrap_or_else(SystemClock::shared);
-        let limiter = Limiter::new(self.store, clock, self.limiter, metrics.clone());
+        let limiter =
+            Limiter::new(self.store, clock, self.limiter, metrics.clone()).with_ledger(self.ledger);
         Service {
             limiter,
             rules: self.rules,

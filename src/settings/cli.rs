@@ -43,6 +43,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Show which rule each descriptor matches and why, without touching any counter.
     Explain(ExplainArgs),
+    /// The usage ledger in PostgreSQL: `sluice ledger migrate`.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Load-test any RLS server: req/s, latency percentiles, OK/OVER_LIMIT/error counts.
     #[cfg(feature = "bench")]
     Bench(Box<crate::bench::BenchArgs>),
@@ -54,6 +57,21 @@ pub enum Command {
     #[command(hide = true)]
     #[cfg(feature = "bench")]
     BenchMemory(BenchMemoryArgs),
+}
+
+/// `sluice ledger ...`.
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Create the ledger's tables, or bring them to this version's schema.
+    Migrate(LedgerMigrateArgs),
+}
+
+/// Flags of `sluice ledger migrate`.
+#[derive(Debug, Args)]
+pub struct LedgerMigrateArgs {
+    /// PostgreSQL URL of the usage ledger.
+    #[arg(long, env = "SLUICE_LEDGER_URL")]
+    pub ledger_url: String,
 }
 
 /// Flags of `sluice explain`.
@@ -243,6 +261,21 @@ pub struct ServeArgs {
     /// values (user ids, IPs).
     #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
     pub(crate) debug_endpoints: bool,
+    /// PostgreSQL URL of the usage ledger (`postgres://user:pass@host:5432/db`): the units
+    /// admitted for `ledger: true` limits are recorded there. Required by such rules.
+    #[arg(long, env = "SLUICE_LEDGER_URL")]
+    pub(crate) ledger_url: Option<String>,
+    /// Create or migrate the ledger's tables at start (else `sluice ledger migrate`).
+    #[arg(long, env = "SLUICE_LEDGER_MIGRATE")]
+    pub(crate) ledger_migrate: bool,
+    /// Longest time admitted units wait before their batch is written to the ledger:
+    /// the most usage a crash can lose.
+    #[arg(long, env = "SLUICE_LEDGER_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    pub(crate) ledger_interval: Duration,
+    /// Most ledger batches (one per key and window per interval) held while PostgreSQL
+    /// is down; beyond it usage is dropped, counted and logged.
+    #[arg(long, env = "SLUICE_LEDGER_SPOOL", default_value_t = 1_000_000)]
+    pub(crate) ledger_spool: usize,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
     pub(crate) max_descriptors: usize,

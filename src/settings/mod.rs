@@ -21,7 +21,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use cli::{CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, ServeArgs, TlsArgs};
+pub use cli::{
+    CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, LedgerCommand, LedgerMigrateArgs,
+    ServeArgs, TlsArgs,
+};
 pub use observability::PrometheusSettings;
 pub use xds::ConfigSource;
 
@@ -92,6 +95,8 @@ pub struct Settings {
     pub(crate) drain_timeout: Duration,
     /// Serve the endpoints that reveal descriptor values.
     pub(crate) debug_endpoints: bool,
+    /// The usage ledger, when `--ledger-url` is given.
+    pub ledger: Option<crate::ledger::LedgerSettings>,
     /// Reference variables that were set but mean nothing here.
     pub ignored_env: Vec<String>,
     /// gRPC connection age (`None`: connections live as long as clients keep them).
@@ -165,6 +170,7 @@ impl Settings {
             drain_delay: args.drain_delay,
             drain_timeout: args.drain_timeout,
             debug_endpoints: args.debug_endpoints,
+            ledger: ledger(args)?,
             ignored_env: reference::ignored_set(env),
             grpc_tls: tls::grpc_tls(&args.tls, reference)?,
             grpc_connection_age: listener::connection_age(args, reference)?,
@@ -199,3 +205,23 @@ fn invalid(name: &str, value: &str, reason: &str) -> SettingsError {
 mod table_tests;
 #[cfg(test)]
 mod tests;
+
+/// The ledger's settings from the flags (`None` without `--ledger-url`).
+fn ledger(args: &ServeArgs) -> Result<Option<crate::ledger::LedgerSettings>, SettingsError> {
+    let Some(url) = args.ledger_url.clone().filter(|url| !url.trim().is_empty()) else {
+        return Ok(None);
+    };
+    if args.ledger_interval < Duration::from_millis(10) || args.ledger_spool == 0 {
+        return Err(SettingsError {
+            name: "--ledger-interval / --ledger-spool".into(),
+            value: String::new(),
+            reason: "the interval must be at least 10ms and the spool at least 1 batch".into(),
+        });
+    }
+    Ok(Some(crate::ledger::LedgerSettings {
+        url,
+        interval: args.ledger_interval,
+        spool: args.ledger_spool,
+        migrate: args.ledger_migrate,
+    }))
+}

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use support::fault::{assert_all_answered, call, serial, Answer, Load, Outcome, RULES};
+use support::fault::{
+    assert_all_answered, call, captured_log, log_lines_with, serial, Answer, Load, Outcome, RULES,
+};
 use support::sentinel::SentinelSetup;
 use support::TestServer;
 
@@ -89,6 +91,7 @@ fn recovered_at(answers: &[Answer], fault: Instant) -> Option<Instant> {
 /// primary answers, Redis's answers from the new primary within [`RECOVERY`], exact
 /// limits after. `form` picks the URL form ([`SentinelSetup::urls`]).
 async fn failover(form: usize, what: &str, fault: impl FnOnce(&mut SentinelSetup)) {
+    captured_log();
     let mut setup = SentinelSetup::start();
     let old = setup.servers[0].port;
     let server = sluice(&setup.urls()[form]).await;
@@ -112,6 +115,19 @@ async fn failover(form: usize, what: &str, fault: impl FnOnce(&mut SentinelSetup
     }
     let closed = closed.stop().await;
     let open = open.stop().await;
+    for answer in closed.iter().chain(&open) {
+        if let Outcome::Other(..) = answer.outcome {
+            eprintln!(
+                "{what}: {:?} {:?} after the fault, after {:?}",
+                answer.outcome,
+                answer.started.saturating_duration_since(started),
+                answer.elapsed
+            );
+        }
+    }
+    for line in log_lines_with("primary followed") {
+        eprintln!("{line}");
+    }
     assert_all_answered(&closed, what);
     assert_all_answered(&open, what);
     assert!(

@@ -7,5 +7,6 @@ mod bad_network;
 mod faults;
 mod faults_cluster;
 mod faults_sentinel;
+mod ledger;
 mod redis_exactness;
 mod redis_tls;

@@ -27,7 +27,7 @@ use tokio::sync::{watch, Notify};
 use super::client::{self, log_connection_errors, RedisMode, RedisOptions};
 use super::clients::{Clients, Node};
 use super::functions::{NodeLua, Scripting};
-use super::sentinel;
+use super::sentinel::{self, Primary};
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
@@ -197,56 +197,6 @@ impl Nodes {
         nodes
     }
 
-    /// The sentinels name `server` as the primary (`how`: a notice or an answer): unless
-    /// it is the one served already, a client for it is made and connected (for at most
-    /// [`sentinel::POLL_EVERY`]: one not connected by then still takes calls, which wait
-    /// for it within their deadline), then takes every call, and the old one is closed.
-    /// The new node has a breaker of its own: the old primary's failures do not keep
-    /// calls from the new one.
-    pub(crate) async fn follow_primary(&self, server: Server, how: &'static str) {
-        let name = server.to_string();
-        let current = self.topology.load_full();
-        if current.nodes.iter().any(|node| *node.name == *name) {
-            return;
-        }
-        let node = match self.factory.node(Arc::from(name.as_str()), Some(server)) {
-            Ok(node) => node,
-            Err(error) => {
-                tracing::warn!(primary = %name, %error, "redis sentinel primary skipped");
-                return;
-            }
-        };
-        let _ = tokio::time::timeout(sentinel::POLL_EVERY, node.client.wait_for_connect()).await;
-        let old = {
-            let _writer = lock(&self.writer);
-            let old = self.topology.load_full();
-            self.topology.store(Arc::new(Topology {
-                nodes: vec![node],
-                owners: Box::default(),
-            }));
-            old
-        };
-        self.known.send_replace(true);
-        let from = old.nodes.first().map(|node| node.name.clone());
-        tracing::info!(
-            from = from.as_deref().unwrap_or("none"),
-            to = %name,
-            how,
-            "redis sentinel primary followed"
-        );
-        let gone = old.nodes.clone();
-        if !gone.is_empty() {
-            tokio::spawn(async move {
-                // A batch may still hold the old topology.
-                tokio::time::sleep(REFRESH_EVERY).await;
-                for node in gone {
-                    // A hung primary answers no QUIT: do not wait for it.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), node.client.quit()).await;
-                }
-            });
-        }
-    }
-
     /// The current topology.
     pub(crate) fn topology(&self) -> Guard<Arc<Topology>> {
         self.topology.load()
@@ -352,6 +302,58 @@ impl Nodes {
             Connectivity::All
         } else {
             Connectivity::Some
+        }
+    }
+}
+
+impl Primary for Nodes {
+    /// The sentinels name `server` as the primary (`how`: a notice or an answer): unless
+    /// it is the one served already, a client for it is made and connected (for at most
+    /// [`sentinel::POLL_EVERY`]: one not connected by then still takes calls, which wait
+    /// for it within their deadline), then takes every call, and the old one is closed.
+    /// The new node has a breaker of its own: the old primary's failures do not keep
+    /// calls from the new one.
+    async fn follow_primary(&self, server: Server, how: &'static str) {
+        let name = server.to_string();
+        let current = self.topology.load_full();
+        if current.nodes.iter().any(|node| *node.name == *name) {
+            return;
+        }
+        let node = match self.factory.node(Arc::from(name.as_str()), Some(server)) {
+            Ok(node) => node,
+            Err(error) => {
+                tracing::warn!(primary = %name, %error, "redis sentinel primary skipped");
+                return;
+            }
+        };
+        let _ = tokio::time::timeout(sentinel::POLL_EVERY, node.client.wait_for_connect()).await;
+        let old = {
+            let _writer = lock(&self.writer);
+            let old = self.topology.load_full();
+            self.topology.store(Arc::new(Topology {
+                nodes: vec![node],
+                owners: Box::default(),
+            }));
+            old
+        };
+        self.known.send_replace(true);
+        let from = old.nodes.first().map(|node| node.name.clone());
+        tracing::info!(
+            from = from.as_deref().unwrap_or("none"),
+            to = %name,
+            how,
+            "redis sentinel primary followed"
+        );
+        let gone = old.nodes.clone();
+        if !gone.is_empty() {
+            tokio::spawn(async move {
+                // A batch may still hold the old topology.
+                tokio::time::sleep(REFRESH_EVERY).await;
+                for node in gone {
+                    // A hung primary answers no QUIT: do not wait for it.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), node.client.quit()).await;
+                }
+            });
         }
     }
 }

@@ -7,15 +7,16 @@
 //! before it is demoted and resynchronised (they are lost), while the new primary gets
 //! none.
 //!
-//! So Sluice follows the sentinels itself. Each store backend's [`Nodes`] holds one
+//! So Sluice follows the sentinels itself. Each store backend's nodes hold one
 //! client aimed at the primary's address, and one task per backend ([`follow`]):
 //! subscribes to `+switch-master` on a sentinel and acts on the notice at once; asks
 //! `SENTINEL get-master-addr-by-name` at start, every [`POLL_EVERY`], and when a call
-//! fails ([`Nodes::suspect`]), so that a notice sent while no subscription was up is
+//! fails (`Nodes::suspect`), so that a notice sent while no subscription was up is
 //! not missed; moves to the next sentinel when one does not answer. A new primary gets
 //! a new client, connected before it takes calls, and a breaker of its own (nodes are
 //! named by address); the old client is closed.
 
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -24,7 +25,6 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::sync::Notify;
 
 use super::client::{self, RedisOptions};
-use super::nodes::Nodes;
 
 /// Longest time between two questions to the sentinels when no notice comes.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -52,8 +52,14 @@ pub(crate) struct Watch {
     pub(crate) options: RedisOptions,
 }
 
+/// What follows the primary: the store's nodes (`super::nodes`, above this module).
+pub(crate) trait Primary: Send + Sync + 'static {
+    /// The sentinels name `server` as the primary; `how` says how Sluice learned it.
+    fn follow_primary(&self, server: Server, how: &'static str) -> impl Future<Output = ()> + Send;
+}
+
 /// Keeps `nodes` on the primary the sentinels name, until the store is dropped.
-pub(crate) async fn follow(nodes: Weak<Nodes>, watch: Watch, wake: Arc<Notify>) {
+pub(crate) async fn follow<P: Primary>(nodes: Weak<P>, watch: Watch, wake: Arc<Notify>) {
     if watch.sentinels.is_empty() {
         return;
     }
@@ -87,8 +93,8 @@ enum Outcome {
 }
 
 /// Follows the primary through one sentinel until it stops answering.
-async fn watch_one(
-    nodes: &Weak<Nodes>,
+async fn watch_one<P: Primary>(
+    nodes: &Weak<P>,
     watch: &Watch,
     asker: &Client,
     subscriber: &Client,

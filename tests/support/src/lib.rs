@@ -7,6 +7,7 @@ pub mod e2e;
 pub mod fault;
 pub mod fuzz;
 pub mod pki;
+pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;

@@ -1,0 +1,174 @@
+//! The usage ledger (issue #45) against a real PostgreSQL (Debian's, started by the test
+//! as an unprivileged user): every unit the store admits for a `ledger: true` limit is
+//! written once, with its domain, descriptor, limit and window; refused requests are not;
+//! the schema is made by `sluice ledger migrate` (versioned, a second run changes
+//! nothing); with PostgreSQL killed, Sluice keeps serving, spools the usage and says so
+//! in `/status` and `/metrics`, and writes it all when the database returns.
+
+use std::time::{Duration, Instant};
+
+use support::fault::{call, serial, Outcome};
+use support::postgres::Postgres;
+use support::TestServer;
+
+/// One ledger rule (a daily quota of 1 000) and one without a ledger.
+const RULES: &str = "domain: faults
+descriptors:
+  - key: customer
+    rate_limit: {unit: day, requests_per_unit: 1000, ledger: true}
+  - key: plain
+    rate_limit: {unit: day, requests_per_unit: 1000}
+";
+
+const DEADLINE: Duration = Duration::from_millis(500);
+
+async fn sluice(postgres: &Postgres) -> TestServer {
+    TestServer::start(
+        &[("ledger.yaml".to_owned(), RULES.to_owned())],
+        &[],
+        &[
+            "--ledger-url",
+            &postgres.url(),
+            "--ledger-interval",
+            "100ms",
+        ],
+    )
+    .await
+}
+
+/// `n` calls on `key=value`, each answered OK.
+async fn charge(server: &TestServer, key: &str, value: &str, n: usize) {
+    let mut client = server.client().await;
+    for _ in 0..n {
+        let answer = call(&mut client, key, value, DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Ok, "{key}={value}: {answer:?}");
+    }
+}
+
+/// Units the ledger holds for `customer=value`.
+fn ledger_units(postgres: &Postgres, value: &str) -> u64 {
+    postgres
+        .query(&format!(
+            "SELECT coalesce(sum(units), 0) FROM sluice_usage \
+             WHERE domain = 'faults' AND descriptor = 'customer={value}'"
+        ))
+        .parse()
+        .expect("a sum")
+}
+
+/// Waits (at most `within`) until the ledger holds `units` for `customer=value`.
+async fn wait_units(postgres: &Postgres, value: &str, units: u64, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let found = ledger_units(postgres, value);
+        if found == units {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "ledger holds {found} units for customer={value}, want {units}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `sluice ledger migrate`, its standard output.
+fn migrate(postgres: &Postgres) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["ledger", "migrate", "--ledger-url", &postgres.url()])
+        .output()
+        .expect("run sluice ledger migrate");
+    assert!(
+        output.status.success(),
+        "sluice ledger migrate: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admitted_unit_is_written_once() {
+    let _serial = serial().await;
+    let postgres = Postgres::start();
+    assert!(migrate(&postgres).contains("applied versions [1]"));
+    assert!(migrate(&postgres).contains("already at version 1"));
+    let server = sluice(&postgres).await;
+
+    charge(&server, "customer", "a", 120).await;
+    charge(&server, "customer", "b", 30).await;
+    charge(&server, "plain", "a", 10).await;
+    wait_units(&postgres, "a", 120, Duration::from_secs(10)).await;
+    wait_units(&postgres, "b", 30, Duration::from_secs(10)).await;
+
+    // Past the quota: refused, and not recorded.
+    charge(&server, "customer", "c", 1000).await;
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        let answer = call(&mut client, "customer", "c", DEADLINE).await;
+        assert_eq!(answer.outcome, Outcome::Over);
+    }
+    wait_units(&postgres, "c", 1000, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ledger_units(&postgres, "c"), 1000, "refused units recorded");
+
+    // The rows: the rule's limit, today's UTC day, no other descriptor, no duplicate.
+    let rows = postgres.query(
+        "SELECT DISTINCT domain, limit_name, window_seconds, \
+                window_start = date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' \
+         FROM sluice_usage",
+    );
+    assert_eq!(rows, "faults|faults.customer:day|86400|t");
+    let descriptors =
+        postgres.query("SELECT string_agg(DISTINCT descriptor, ' ') FROM sluice_usage");
+    assert_eq!(descriptors, "customer=a customer=b customer=c");
+    let status = server.status().await;
+    assert_eq!(status["ledger"]["written_units"], 1150, "{status}");
+    assert_eq!(status["ledger"]["dropped_units"], 0, "{status}");
+    assert_eq!(status["ledger"]["schema_ok"], true, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_spooled_while_postgresql_is_down() {
+    let _serial = serial().await;
+    let mut postgres = Postgres::start();
+    migrate(&postgres);
+    let server = sluice(&postgres).await;
+    charge(&server, "customer", "d", 100).await;
+    wait_units(&postgres, "d", 100, Duration::from_secs(10)).await;
+
+    // Killed mid-run: Sluice keeps serving (the store enforces the quota) and spools.
+    postgres.kill();
+    charge(&server, "customer", "d", 200).await;
+    let started = Instant::now();
+    loop {
+        let status = server.status().await;
+        let ledger = &status["ledger"];
+        if ledger["spooled_units"] == 200 && ledger["write_failures"].as_u64() > Some(0) {
+            assert!(ledger["lag_seconds"].as_f64() > Some(0.0), "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "spool not reported: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = server.metrics().await;
+    assert_eq!(metrics.get("sluice_ledger_spooled_units"), 200.0);
+    assert!(metrics.get("sluice_ledger_write_failures_total") > 0.0);
+    assert!(metrics.get("sluice_ledger_oldest_unwritten_timestamp_seconds") > 0.0);
+
+    // Back: the spool is written, each unit once.
+    postgres.restart();
+    wait_units(&postgres, "d", 300, Duration::from_secs(15)).await;
+    let status = server.status().await;
+    assert_eq!(status["ledger"]["spooled_units"], 0, "{status}");
+    assert_eq!(status["ledger"]["lag_seconds"], serde_json::Value::Null);
+    assert_eq!(
+        server
+            .metrics()
+            .await
+            .get("sluice_ledger_dropped_units_total"),
+        0.0
+    );
+}

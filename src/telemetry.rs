@@ -158,6 +158,8 @@ pub struct Metrics {
     pub(crate) ledger_write_failures: Counter,
     /// Ledger units dropped because the queue or the spool was full.
     pub(crate) ledger_dropped_units: Counter,
+    /// Units added to store counters found lower than the ledger.
+    pub(crate) ledger_restored_units: Counter,
     /// Decisions made without the store, per local layer.
     pub local_decisions: Family<LayerLabel, Counter>,
     /// Units of the leases this instance holds open (used or not), per rule.
@@ -437,6 +439,12 @@ impl Metrics {
             "Units of ledger rules never written: the queue or the spool was full",
             ledger_dropped_units.clone(),
         );
+        let ledger_restored_units = Counter::default();
+        registry.register(
+            "ledger_restored_units",
+            "Units added to store counters of ledger rules found lower than the ledger",
+            ledger_restored_units.clone(),
+        );
         let local_decisions = Family::default();
         registry.register(
             "local_decisions",
@@ -588,6 +596,7 @@ impl Metrics {
             ledger_oldest_unwritten,
             ledger_write_failures,
             ledger_dropped_units,
+            ledger_restored_units,
             local_decisions,
             lease_outstanding,
             lease_bound,

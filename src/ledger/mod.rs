@@ -15,6 +15,7 @@
 //! (at most one interval's), and batches refused by a full queue or spool (counted in
 //! `sluice_ledger_dropped_units_total` and logged).
 
+mod known;
 pub mod schema;
 mod writer;
 
@@ -101,6 +102,8 @@ struct Counters {
     /// Milliseconds since the epoch at which the oldest unwritten batch was sealed (0:
     /// none).
     oldest_unwritten_ms: AtomicU64,
+    /// Units added to store counters that had lost usage, since start.
+    restored_units: AtomicU64,
     /// Whether the schema is at the version this build writes.
     schema_ok: AtomicU64,
 }
@@ -119,6 +122,11 @@ pub struct Ledger {
     instance: Arc<str>,
     /// Masked URL, for `/status`.
     url: String,
+    /// Per key, a lower bound of the units admitted in its window (for restores).
+    known: Arc<known::Known>,
+    /// Held while a store counter is restored, so two requests never restore one loss
+    /// twice.
+    restoring: tokio::sync::Mutex<()>,
 }
 
 // === impl Ledger ===
@@ -139,6 +147,8 @@ impl Ledger {
             counters.clone(),
             metrics.clone(),
         ));
+        let known = Arc::new(known::Known::new(settings.url.clone()));
+        tokio::spawn(known::Known::keep_connected(Arc::downgrade(&known)));
         Self {
             queue,
             control,
@@ -146,6 +156,8 @@ impl Ledger {
             metrics,
             instance,
             url: mask(&settings.url),
+            known,
+            restoring: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -154,9 +166,39 @@ impl Ledger {
         if units == 0 {
             return;
         }
+        self.known.admitted(&key, units);
         if self.queue.try_send((key, units)).is_err() {
             self.dropped(units, "queue");
         }
+    }
+
+    /// A lower bound of the units admitted on `key` in its window before now: the
+    /// ledger's rows (read on the first call for a key and window, within
+    /// 50 ms) plus what this instance admitted since. A store counter below it lost
+    /// usage.
+    pub async fn admitted_before(&self, key: &UsageKey) -> u64 {
+        self.known.bound(key).await
+    }
+
+    /// Held while a store counter is restored (see [`Ledger::admitted_before`]).
+    pub async fn restoring(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.restoring.lock().await
+    }
+
+    /// A store counter of `key` was raised by `units` to the ledger's bound: counted,
+    /// logged, and the key's rows are read again at its next request.
+    pub fn restored(&self, key: &UsageKey, units: u64) {
+        self.metrics.ledger_restored_units.inc_by(units);
+        self.counters
+            .restored_units
+            .fetch_add(units, Ordering::Relaxed);
+        self.known.forget_rows(key);
+        tracing::warn!(
+            domain = %key.domain,
+            limit = %key.limit,
+            units,
+            "store counter lower than the ledger (redis restarted, flushed or failed over?): restored"
+        );
     }
 
     /// Seals every open batch and writes the spool, waiting at most `within` (at
@@ -198,6 +240,7 @@ impl Ledger {
             "written_units": c.written_units.load(Ordering::Relaxed),
             "write_failures": c.failures.load(Ordering::Relaxed),
             "dropped_units": c.dropped_units.load(Ordering::Relaxed),
+            "restored_units": c.restored_units.load(Ordering::Relaxed),
         })
     }
 }

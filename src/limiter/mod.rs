@@ -287,7 +287,22 @@ impl<S: Store> Limiter<S> {
         if self.settings.stop_increment_when_over_limit {
             Box::pin(self.charge_only_if_none_over(&mut checks, any_blocked, deadline)).await?;
         }
-        let (decisions, by_store) = self.ask_store(&pending, &checks, deadline).await?;
+        let (mut decisions, by_store) = self.ask_store(&pending, &checks, deadline).await?;
+        if let Some(ledger) = &self.ledger {
+            if pending.iter().any(|item| restorable(&item.rule)) {
+                // Boxed: only ledger rules pay for this step's future.
+                Box::pin(self.restore_from_ledger(
+                    ledger,
+                    request,
+                    (&pending, &checks),
+                    &mut decisions,
+                    by_store.as_deref(),
+                    now,
+                    deadline,
+                ))
+                .await;
+            }
+        }
         self.store_verdicts(
             request,
             pending,
@@ -483,6 +498,76 @@ impl<S: Store> Limiter<S> {
             by_store = Some(decided);
         }
         Ok((decisions, by_store))
+    }
+
+    /// Step 3b, for ledger rules only: where the store's counter is below what the
+    /// ledger knows was admitted (Redis restarted empty, flushed, or failed over to a
+    /// lagging replica), raise it to that bound before answering, and decide the request
+    /// from the raised count. One restore at a time, each after a fresh look at the
+    /// counter, so a loss is never restored twice. A store that fails here leaves the
+    /// store's first answer.
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a step's output
+    async fn restore_from_ledger(
+        &self,
+        ledger: &Ledger,
+        request: &CheckRequest<'_>,
+        (pending, checks): (&[Pending<'_>], &[StoreCheck]),
+        decisions: &mut [Decision],
+        by_store: Option<&[bool]>,
+        now: Micros,
+        deadline: Option<Instant>,
+    ) {
+        let mut offset = 0;
+        for (position, (item, check)) in pending.iter().zip(checks).enumerate() {
+            let at = offset;
+            offset += check.limits.len();
+            let by_the_store = by_store.is_none_or(|by_store| by_store[position]);
+            if !restorable(&item.rule) || check.cost == 0 || !by_the_store {
+                continue;
+            }
+            let limit = &item.rule.limits[0];
+            let decision = decisions[at];
+            let descriptor = descriptor_text(&request.descriptors[item.index].entries);
+            let key = usage_key(&item.rule, limit, descriptor, &decision, now);
+            let needed = ledger.admitted_before(&key).await + check.cost;
+            if decision.used >= needed {
+                continue;
+            }
+            let _one_at_a_time = ledger.restoring().await;
+            // Another request may have restored it meanwhile: look again.
+            let probe = StoreCheck {
+                key: check.key,
+                limits: check.limits.clone(),
+                cost: 0,
+            };
+            let mut seen = Vec::new();
+            let looked = within(deadline, &self.metrics, self.store.peek(&probe, &mut seen));
+            if looked.await.is_err() {
+                continue;
+            }
+            let current = seen.first().map_or(0, |d| d.used);
+            if current < needed {
+                let raise = StoreCheck {
+                    cost: needed - current,
+                    ..probe
+                };
+                let mut raised = Vec::new();
+                let call = self.store.check(std::slice::from_ref(&raise), &mut raised);
+                if within(deadline, &self.metrics, call).await.is_err() {
+                    continue;
+                }
+                ledger.restored(&key, needed - current);
+            }
+            let limit_units = limit.quota().limit;
+            let allowed = needed <= limit_units;
+            decisions[at] = Decision {
+                allowed,
+                remaining: if allowed { limit_units - needed } else { 0 },
+                reset_after: decision.reset_after,
+                retry_after: if allowed { 0 } else { decision.reset_after },
+                used: needed,
+            };
+        }
     }
 
     /// Step 4: the verdict of each pending check from its decisions (`by_store`: which
@@ -780,10 +865,7 @@ fn warn_no_ledger(rule: &Rule) {
 }
 
 /// Records in `ledger` the units the store admitted for the `ledger: true` limits of
-/// `rule` (nothing when it refused: a refused request was not served). The window is
-/// the one whose end the store reported (`now + reset_after`, on a window boundary:
-/// rounding absorbs a skew between this clock and the store's of less than half a
-/// window).
+/// `rule` (nothing when it refused: a refused request was not served).
 fn record_usage(
     ledger: &Ledger,
     rule: &Rule,
@@ -798,6 +880,25 @@ fn record_usage(
     if !decisions.iter().all(|decision| decision.allowed) {
         return;
     }
+    let descriptor = descriptor_text(entries);
+    for (limit, decision) in rule.limits.iter().zip(decisions) {
+        if limit.ledger {
+            ledger.record(
+                usage_key(rule, limit, descriptor.clone(), decision, now),
+                check.cost,
+            );
+        }
+    }
+}
+
+/// Whether a restore from the ledger applies to `rule`: one limit, with a ledger (a
+/// rule's limits share one counter key, so one of several cannot be raised alone).
+fn restorable(rule: &Rule) -> bool {
+    matches!(&rule.limits[..], [limit] if limit.ledger)
+}
+
+/// `key=value,key2=value2`, in request order.
+fn descriptor_text(entries: &[Entry<'_>]) -> Box<str> {
     let mut descriptor = String::new();
     for (at, entry) in entries.iter().enumerate() {
         if at > 0 {
@@ -807,28 +908,32 @@ fn record_usage(
         descriptor.push('=');
         descriptor.push_str(entry.value);
     }
-    let descriptor: Box<str> = descriptor.into();
-    for (limit, decision) in rule.limits.iter().zip(decisions) {
-        if !limit.ledger {
-            continue;
-        }
-        let period = limit.unit.micros();
-        let end = (now + decision.reset_after + period / 2) / period * period;
-        let window_start = end.saturating_sub(period) / MICROS_PER_SECOND;
-        let name = format!(
-            "{}:{}",
-            rule.stats_key,
-            limit.unit.as_upper_str().to_lowercase()
-        );
-        ledger.record(
-            UsageKey {
-                domain: rule.domain.clone(),
-                descriptor: descriptor.clone(),
-                limit: Arc::from(name),
-                window_start,
-                window_seconds: limit.unit.seconds(),
-            },
-            check.cost,
-        );
+    descriptor.into()
+}
+
+/// The ledger key of `limit` of `rule` for `descriptor`: the window is the one whose
+/// end the store reported (`now + reset_after`, on a window boundary: rounding absorbs
+/// a skew between this clock and the store's of less than half a window).
+fn usage_key(
+    rule: &Rule,
+    limit: &crate::rules::Limit,
+    descriptor: Box<str>,
+    decision: &Decision,
+    now: Micros,
+) -> UsageKey {
+    let period = limit.unit.micros();
+    let end = (now + decision.reset_after + period / 2) / period * period;
+    let window_start = end.saturating_sub(period) / MICROS_PER_SECOND;
+    let name = format!(
+        "{}:{}",
+        rule.stats_key,
+        limit.unit.as_upper_str().to_lowercase()
+    );
+    UsageKey {
+        domain: rule.domain.clone(),
+        descriptor,
+        limit: Arc::from(name),
+        window_start,
+        window_seconds: limit.unit.seconds(),
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::fault::{call, serial, Outcome};
 use support::postgres::Postgres;
+use support::redis::RedisServer;
 use support::TestServer;
 
 /// One ledger rule (a daily quota of 1 000) and one without a ledger.
@@ -18,6 +19,10 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, ledger: true}
   - key: plain
     rate_limit: {unit: day, requests_per_unit: 1000}
+  - key: quota
+    rate_limit: {unit: day, requests_per_unit: 1000, ledger: true, failure_mode: closed}
+  - key: probe
+    rate_limit: {unit: day, requests_per_unit: 1000000000, failure_mode: closed}
 ";
 
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -34,6 +39,53 @@ async fn sluice(postgres: &Postgres) -> TestServer {
         ],
     )
     .await
+}
+
+async fn sluice_on_redis(postgres: &Postgres, redis: &RedisServer) -> TestServer {
+    TestServer::start(
+        &[("ledger.yaml".to_owned(), RULES.to_owned())],
+        &[],
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &redis.url(),
+            "--redis-timeout",
+            "100ms",
+            "--ledger-url",
+            &postgres.url(),
+            "--ledger-interval",
+            "100ms",
+        ],
+    )
+    .await
+}
+
+/// Waits until Redis answers Sluice again (`probe` refuses by failure mode until then).
+async fn wait_store(server: &TestServer) {
+    let mut client = server.client().await;
+    let started = Instant::now();
+    while call(&mut client, "probe", "x", DEADLINE).await.outcome != Outcome::Ok {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "Redis not back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Calls `quota=value` until one is refused; how many passed.
+async fn passes_until_refused(server: &TestServer, value: &str) -> usize {
+    let mut client = server.client().await;
+    let mut passed = 0;
+    loop {
+        match call(&mut client, "quota", value, DEADLINE).await.outcome {
+            Outcome::Ok => passed += 1,
+            Outcome::Over => return passed,
+            other => panic!("quota={value}: {other:?}"),
+        }
+        assert!(passed <= 1000, "quota={value}: never refused");
+    }
 }
 
 /// `n` calls on `key=value`, each answered OK.
@@ -171,4 +223,61 @@ async fn usage_is_spooled_while_postgresql_is_down() {
             .get("sluice_ledger_dropped_units_total"),
         0.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_is_restored_from_the_ledger() {
+    let _serial = serial().await;
+    let postgres = Postgres::start();
+    migrate(&postgres);
+    let mut redis = RedisServer::start();
+
+    // The same process: it knows what it admitted.
+    let server = sluice_on_redis(&postgres, &redis).await;
+    charge(&server, "quota", "same", 900).await;
+    redis.restart();
+    wait_store(&server).await;
+    assert_eq!(passes_until_refused(&server, "same").await, 100);
+    assert_eq!(
+        server
+            .metrics()
+            .await
+            .get("sluice_ledger_restored_units_total"),
+        900.0
+    );
+
+    // A new process too: what was admitted comes from the ledger's rows.
+    charge(&server, "quota", "new", 900).await;
+    wait_units_of(&postgres, "quota=new", 900).await;
+    drop(server);
+    redis.restart();
+    let server = sluice_on_redis(&postgres, &redis).await;
+    wait_store(&server).await;
+    assert_eq!(passes_until_refused(&server, "new").await, 100);
+    let status = server.status().await;
+    assert_eq!(status["ledger"]["restored_units"], 900, "{status}");
+    // Nothing was recorded twice: the ledger holds exactly the quota.
+    wait_units_of(&postgres, "quota=new", 1000).await;
+    wait_units_of(&postgres, "quota=same", 1000).await;
+}
+
+/// Waits until the ledger holds `units` for `descriptor`.
+async fn wait_units_of(postgres: &Postgres, descriptor: &str, units: u64) {
+    let started = Instant::now();
+    loop {
+        let found: u64 = postgres
+            .query(&format!(
+                "SELECT coalesce(sum(units), 0) FROM sluice_usage WHERE descriptor = '{descriptor}'"
+            ))
+            .parse()
+            .expect("a sum");
+        if found == units {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "ledger holds {found} units for {descriptor}, want {units}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

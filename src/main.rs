@@ -58,6 +58,16 @@ fn main() -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             })
         }
+        Command::Usage(settings::UsageCommand::Export(args)) => runtime(Some(1))?.block_on(async {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            sluice::ledger::export::csv(&args.ledger_url, &args.from, &args.to, &mut out)
+                .await
+                .with_context(|| {
+                    format!("exporting from {}", sluice::ledger::mask(&args.ledger_url))
+                })?;
+            std::io::Write::flush(&mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }),
         #[cfg(feature = "bench")]
         Command::Bench(args) => {
             let report = sluice::bench::run(&args)?;

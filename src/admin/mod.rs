@@ -2,6 +2,7 @@
 //! reference's `POST /json` endpoint. Read-only views over the service's state.
 
 pub mod json;
+mod usage;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -48,6 +49,7 @@ pub(crate) fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
         .route("/metrics", get(metrics::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json_check::<S>))
+        .route("/usage", get(usage::usage::<S>))
         .route("/debug/shadow", get(debug_shadow::<S>))
         .route("/debug/hotkeys", get(debug_hotkeys::<S>))
         .with_state(state)

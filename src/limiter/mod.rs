@@ -14,6 +14,7 @@ mod matching;
 pub(crate) mod meter;
 pub(crate) mod precheck;
 pub(crate) mod stats;
+pub(crate) mod usage;
 mod within;
 
 use std::borrow::Cow;

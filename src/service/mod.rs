@@ -117,6 +117,21 @@ impl<S: Store> Service<S> {
             .map_err(ServiceError::Store)
     }
 
+    /// `GET /usage`: the usage of one descriptor (`None` before rules are loaded).
+    pub(crate) async fn usage(
+        &self,
+        domain: &str,
+        entries: &[crate::rules::Entry<'_>],
+    ) -> Result<Option<crate::limiter::usage::Usage>, crate::store::StoreError> {
+        let Some(rule_set) = self.rules.current() else {
+            return Ok(None);
+        };
+        self.limiter
+            .usage(&rule_set.rules, domain, entries)
+            .await
+            .map(Some)
+    }
+
     async fn decide(
         &self,
         request: &RateLimitRequest,

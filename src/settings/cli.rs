@@ -46,6 +46,9 @@ pub enum Command {
     /// The usage ledger in PostgreSQL: `sluice ledger migrate`.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Usage recorded in the ledger: `sluice usage export`.
+    #[command(subcommand)]
+    Usage(UsageCommand),
     /// Load-test any RLS server: req/s, latency percentiles, OK/OVER_LIMIT/error counts.
     #[cfg(feature = "bench")]
     Bench(Box<crate::bench::BenchArgs>),
@@ -72,6 +75,31 @@ pub struct LedgerMigrateArgs {
     /// PostgreSQL URL of the usage ledger.
     #[arg(long, env = "SLUICE_LEDGER_URL")]
     pub ledger_url: String,
+}
+
+/// `sluice usage ...`.
+#[derive(Debug, Subcommand)]
+pub enum UsageCommand {
+    /// Per key and window, the units the ledger holds for windows starting in
+    /// [--from, --to), as CSV: what an invoice needs.
+    Export(UsageExportArgs),
+}
+
+/// Flags of `sluice usage export`.
+#[derive(Debug, Args)]
+pub struct UsageExportArgs {
+    /// PostgreSQL URL of the usage ledger.
+    #[arg(long, env = "SLUICE_LEDGER_URL")]
+    pub ledger_url: String,
+    /// First window start included (`2026-11-01` or RFC 3339; UTC unless a zone is given).
+    #[arg(long)]
+    pub from: String,
+    /// First window start excluded.
+    #[arg(long)]
+    pub to: String,
+    /// Output format: `csv`.
+    #[arg(long, default_value = "csv", value_parser = ["csv"])]
+    pub format: String,
 }
 
 /// Flags of `sluice explain`.

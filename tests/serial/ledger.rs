@@ -173,6 +173,66 @@ async fn every_admitted_unit_is_written_once() {
     let descriptors =
         postgres.query("SELECT string_agg(DISTINCT descriptor, ' ') FROM sluice_usage");
     assert_eq!(descriptors, "customer=a customer=b customer=c");
+    // The usage API: the current window from the store and the ledger, charging nothing.
+    for _ in 0..2 {
+        let usage: serde_json::Value =
+            reqwest::get(server.url("/usage?domain=faults&descriptor=customer=a"))
+                .await
+                .expect("GET /usage")
+                .json()
+                .await
+                .expect("JSON");
+        let limit = &usage["limits"][0];
+        assert_eq!(usage["outcome"], "limited", "{usage}");
+        assert_eq!(limit["name"], "faults.customer:day", "{usage}");
+        assert_eq!(limit["limit"], 1000, "{usage}");
+        assert_eq!(limit["store_used"], 120, "{usage}");
+        assert_eq!(limit["ledger_admitted"], 120, "{usage}");
+        assert_eq!(limit["remaining"], 880, "{usage}");
+        assert!(limit["reset_seconds"].as_u64() <= Some(86_400), "{usage}");
+    }
+
+    // The export an invoice needs: per key and window, from the ledger alone.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["usage", "export", "--ledger-url", &postgres.url()])
+        .args([
+            "--from",
+            "2000-01-01",
+            "--to",
+            "2100-01-01",
+            "--format",
+            "csv",
+        ])
+        .output()
+        .expect("run sluice usage export");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let csv = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "domain,descriptor,limit,window_start,window_seconds,units,batches,instances"
+    );
+    let units: Vec<(&str, &str)> = lines[1..]
+        .iter()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            (fields[1], fields[5])
+        })
+        .collect();
+    assert_eq!(
+        units,
+        [
+            ("customer=a", "120"),
+            ("customer=b", "30"),
+            ("customer=c", "1000")
+        ],
+        "{csv}"
+    );
+
     let status = server.status().await;
     assert_eq!(status["ledger"]["written_units"], 1150, "{status}");
     assert_eq!(status["ledger"]["dropped_units"], 0, "{status}");

@@ -136,6 +136,13 @@ fn check_scenario(dir: &Path, scenario: &str) {
         let auth = &container["env"][0];
         assert_eq!(auth["name"], "REDIS_AUTH");
         assert_eq!(auth["valueFrom"]["secretKeyRef"]["name"], "redis-auth");
+        // The ledger's URL (it holds a password) only from a Secret.
+        let ledger = &container["env"][1];
+        assert_eq!(ledger["name"], "SLUICE_LEDGER_URL");
+        assert_eq!(ledger["valueFrom"]["secretKeyRef"]["name"], "ledger-db");
+        assert_eq!(ledger["valueFrom"]["secretKeyRef"]["key"], "url");
+        assert_eq!(flag(&args, "--ledger-interval"), Some("1s"));
+        assert!(args.iter().any(|arg| arg == "--ledger-migrate"));
     }
     if scenario == "monitoring" {
         crate::monitoring::check_rendered(dir);

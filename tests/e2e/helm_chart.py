@@ -106,6 +106,8 @@ SCENARIOS = {
                 "url": "redis://redis-master.redis.svc.cluster.local:6379/0",
                 "auth": {"existingSecret": "redis-auth", "key": "password"},
             },
+            # The usage ledger's PostgreSQL URL from a Secret.
+            "ledger": {"urlSecret": {"name": "ledger-db", "key": "url"}, "migrate": True},
         },
         True,
     ),
@@ -163,6 +165,7 @@ BAD_VALUES = [
     {"workers": 0},
     {"workers": "many"},
     {"redis": {"tls": {"secret": "typo"}}},
+    {"ledger": {"url": "postgres://u:password@db/x"}},
     {"grpcTls": {"existingSecret": "s", "cert": ""}},
     {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}},
 ]

@@ -2,13 +2,13 @@
 //! the units admitted so far, from which a store that lost its counter (Redis restarted
 //! empty, failed over to a lagging replica, flushed) is restored.
 //!
-//! The bound is the sum of the key's rows in PostgreSQL, read once per key and window
-//! (and again after each restore), plus the units this instance admitted since that
-//! read. The snapshot of this instance's own count is taken *after* the read returns,
-//! so a unit is never counted twice (once in the rows, once as admitted since): the
-//! bound never exceeds the truth, and a restore never charges a customer for units not
-//! served. What it can miss is what no row held yet at the read: the batches not yet
-//! written (at most one `--ledger-interval` of each instance's usage).
+//! The bound is the sum of the key's rows written by *other* instances, read once per
+//! key and window (and again after each restore), plus every unit this instance
+//! admitted (its own rows are a part of those, so they are not read). A unit is never
+//! counted twice: the bound never exceeds the truth, and a restore never charges a
+//! customer for units not served. What it can miss is what the other instances had not
+//! written at the read (at most one `--ledger-interval` of each one's usage) or admitted
+//! since.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -20,8 +20,13 @@ use tokio_postgres::Client;
 use super::{schema, UsageKey};
 
 /// Longest wait for the read of a key's rows (on the request path of the first request
-/// of a key in a window in this process, and after a restore).
-pub(super) const READ_TIMEOUT: Duration = Duration::from_millis(50);
+/// of a key in a window in this process, and after a restore; never past the request's
+/// deadline).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Deadline of one read in its own task (connection included): requests wait for it
+/// [`READ_TIMEOUT`] at most, and a read that lands later serves the next ones.
+const READ_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Shortest time between two failed reads of one key's rows.
 const RETRY_READ: Duration = Duration::from_millis(200);
@@ -33,14 +38,14 @@ const MAX_KEYS: usize = 1_000_000;
 /// One key's knowledge.
 #[derive(Debug, Default)]
 struct Entry {
-    /// Sum of its rows at the last read.
+    /// Sum of the other instances' rows at the last read.
     rows: u64,
-    /// This instance's admitted units when that read returned.
-    own_at_read: u64,
-    /// This instance's admitted units since start.
+    /// This instance's admitted units since start (in this window).
     own: u64,
     /// Whether a read has succeeded since the entry was made or last restored.
     read: bool,
+    /// Whether a read is in flight.
+    reading: bool,
     /// When a read last failed (reads are retried at most every [`RETRY_READ`]).
     failed_at: Option<Instant>,
 }
@@ -48,7 +53,7 @@ struct Entry {
 impl Entry {
     /// The lower bound of the units admitted so far.
     fn bound(&self) -> u64 {
-        self.rows + self.own.saturating_sub(self.own_at_read)
+        self.rows + self.own
     }
 }
 
@@ -59,17 +64,20 @@ pub(super) struct Known {
     reader: ArcSwapOption<Client>,
     /// The URL, for a read that finds no connection yet (just after start).
     url: String,
+    /// This instance's id in the ledger: its own rows are not read.
+    instance: Arc<str>,
     /// Held by the one read that connects.
     connecting: tokio::sync::Mutex<()>,
 }
 
 impl Known {
     /// Nothing known yet; reads go to `url`.
-    pub(super) fn new(url: String) -> Self {
+    pub(super) fn new(url: String, instance: Arc<str>) -> Self {
         Self {
             keys: Mutex::default(),
             reader: ArcSwapOption::empty(),
             url,
+            instance,
             connecting: tokio::sync::Mutex::new(()),
         }
     }
@@ -90,37 +98,64 @@ impl Known {
         }
     }
 
-    /// The lower bound of the units admitted on `key` before now, reading its rows
-    /// first when they have not been read (bounded by [`READ_TIMEOUT`]; unreadable, the
-    /// bound is this instance's own count).
-    pub(super) async fn bound(&self, key: &UsageKey) -> u64 {
-        let needs_read = {
-            let keys = self.lock();
-            match keys.get(key) {
-                Some(entry) if entry.read => return entry.bound(),
-                Some(entry) => entry.failed_at.is_none_or(|at| at.elapsed() >= RETRY_READ),
-                None => true,
-            }
-        };
-        if needs_read {
-            let rows = self.read_rows(key).await;
+    /// The lower bound of the units admitted on `key` before now. When its rows have
+    /// not been read, a read starts (in a task of its own, one per key at a time), and
+    /// every request on the key waits for it until its `wait_until` at most; one that
+    /// takes longer lands for the next requests. Unread, the bound is this instance's own count.
+    pub(super) async fn bound(
+        self: &Arc<Self>,
+        key: &UsageKey,
+        wait_until: tokio::time::Instant,
+    ) -> u64 {
+        let start_read = {
             let mut keys = self.lock();
             if !keys.contains_key(key) && keys.len() >= MAX_KEYS {
-                return rows.unwrap_or(0);
+                return 0;
             }
             let entry = keys.entry(key.clone()).or_default();
-            match rows {
-                Some(rows) => {
-                    entry.rows = rows;
-                    entry.own_at_read = entry.own;
-                    entry.read = true;
-                    entry.failed_at = None;
-                }
-                None => entry.failed_at = Some(Instant::now()),
+            if entry.read {
+                return entry.bound();
             }
-            return entry.bound();
+            let due = entry.failed_at.is_none_or(|at| at.elapsed() >= RETRY_READ);
+            let start = due && !entry.reading;
+            entry.reading |= start;
+            start
+        };
+        if start_read {
+            let known = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let rows = known.read_rows(&key).await;
+                known.store_rows(&key, rows);
+            });
+        }
+        // Every request on the key waits for a read in flight (until `wait_until`): a
+        // rare path, polled.
+        loop {
+            let reading = self.lock().get(key).is_some_and(|entry| entry.reading);
+            if !reading || tokio::time::Instant::now() >= wait_until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         self.lock().get(key).map_or(0, Entry::bound)
+    }
+
+    /// Records the outcome of a read of `key`'s rows.
+    fn store_rows(&self, key: &UsageKey, rows: Option<u64>) {
+        let mut keys = self.lock();
+        let Some(entry) = keys.get_mut(key) else {
+            return;
+        };
+        entry.reading = false;
+        match rows {
+            Some(rows) => {
+                entry.rows = rows;
+                entry.read = true;
+                entry.failed_at = None;
+            }
+            None => entry.failed_at = Some(Instant::now()),
+        }
     }
 
     /// After a restore: the rows are read again at the next request (other instances'
@@ -138,7 +173,7 @@ impl Known {
             .retain(|key, _| key.window_start + key.window_seconds > now_seconds);
     }
 
-    /// The sum of `key`'s rows, if PostgreSQL answers within [`READ_TIMEOUT`].
+    /// The sum of `key`'s rows, if PostgreSQL answers within [`READ_DEADLINE`].
     async fn read_rows(&self, key: &UsageKey) -> Option<u64> {
         let started = tokio::time::Instant::now();
         let client = match self.reader.load_full() {
@@ -149,7 +184,7 @@ impl Known {
                 let _connecting = self.connecting.try_lock().ok()?;
                 let connect = schema::connect(&self.url);
                 let client = Arc::new(
-                    tokio::time::timeout(READ_TIMEOUT, connect)
+                    tokio::time::timeout(READ_DEADLINE, connect)
                         .await
                         .ok()?
                         .ok()?,
@@ -159,17 +194,17 @@ impl Known {
             }
         };
         let window = i64::try_from(key.window_start).ok()?;
-        let (domain, descriptor, limit): (&str, &str, &str) =
-            (&key.domain, &key.descriptor, &key.limit);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&domain, &descriptor, &limit, &window];
+        let (domain, descriptor, limit, instance): (&str, &str, &str, &str) =
+            (&key.domain, &key.descriptor, &key.limit, &self.instance);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&domain, &descriptor, &limit, &window, &instance];
         let query = client.query_one(
             "SELECT coalesce(sum(units), 0)::bigint FROM sluice_usage \
              WHERE domain = $1 AND descriptor = $2 AND limit_name = $3 \
-               AND window_start = to_timestamp($4::bigint)",
+               AND window_start = to_timestamp($4::bigint) AND instance <> $5",
             &params,
         );
-        let row = tokio::time::timeout_at(started + READ_TIMEOUT * 2, query)
+        let row = tokio::time::timeout_at(started + READ_DEADLINE, query)
             .await
             .ok()?
             .ok()?;

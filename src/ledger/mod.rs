@@ -148,7 +148,7 @@ impl Ledger {
             counters.clone(),
             metrics.clone(),
         ));
-        let known = Arc::new(known::Known::new(settings.url.clone()));
+        let known = Arc::new(known::Known::new(settings.url.clone(), instance.clone()));
         tokio::spawn(known::Known::keep_connected(Arc::downgrade(&known)));
         Self {
             queue,
@@ -173,17 +173,33 @@ impl Ledger {
         }
     }
 
-    /// A lower bound of the units admitted on `key` in its window before now: the
-    /// ledger's rows (read on the first call for a key and window, within
-    /// 50 ms) plus what this instance admitted since. A store counter below it lost
+    /// A lower bound of the units admitted on `key` in its window before now: the other
+    /// instances' rows in the ledger (read on the first call for a key and window) plus
+    /// every unit this instance admitted. A store counter below it lost
     /// usage.
-    pub async fn admitted_before(&self, key: &UsageKey) -> u64 {
-        self.known.bound(key).await
+    /// Waits for the rows until `deadline` at most (and never more than 100 ms).
+    pub async fn admitted_before(
+        &self,
+        key: &UsageKey,
+        deadline: Option<tokio::time::Instant>,
+    ) -> u64 {
+        let longest = tokio::time::Instant::now() + known::READ_TIMEOUT;
+        let wait_until = deadline.map_or(longest, |deadline| deadline.min(longest));
+        self.known.bound(key, wait_until).await
     }
 
-    /// Held while a store counter is restored (see [`Ledger::admitted_before`]).
-    pub async fn restoring(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.restoring.lock().await
+    /// Held while a store counter is restored (see [`Ledger::admitted_before`]); `None`
+    /// when another restore holds it past `deadline`.
+    pub async fn restoring(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.restoring.lock())
+                .await
+                .ok(),
+            None => Some(self.restoring.lock().await),
+        }
     }
 
     /// A store counter of `key` was raised by `units` to the ledger's bound: counted,

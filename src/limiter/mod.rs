@@ -530,34 +530,19 @@ impl<S: Store> Limiter<S> {
             let decision = decisions[at];
             let descriptor = descriptor_text(&request.descriptors[item.index].entries);
             let key = usage_key(&item.rule, limit, descriptor, &decision, now);
-            let needed = ledger.admitted_before(&key).await + check.cost;
+            // Half of the time left at most: the restore's store calls need the rest.
+            let read_until = deadline.map(|deadline| {
+                let now = Instant::now();
+                now + deadline.saturating_duration_since(now) / 2
+            });
+            let needed = ledger.admitted_before(&key, read_until).await + check.cost;
             if decision.used >= needed {
                 continue;
             }
-            let _one_at_a_time = ledger.restoring().await;
-            // Another request may have restored it meanwhile: look again.
-            let probe = StoreCheck {
-                key: check.key,
-                limits: check.limits.clone(),
-                cost: 0,
-            };
-            let mut seen = Vec::new();
-            let looked = within(deadline, &self.metrics, self.store.peek(&probe, &mut seen));
-            if looked.await.is_err() {
-                continue;
-            }
-            let current = seen.first().map_or(0, |d| d.used);
-            if current < needed {
-                let raise = StoreCheck {
-                    cost: needed - current,
-                    ..probe
-                };
-                let mut raised = Vec::new();
-                let call = self.store.check(std::slice::from_ref(&raise), &mut raised);
-                if within(deadline, &self.metrics, call).await.is_err() {
-                    continue;
-                }
-                ledger.restored(&key, needed - current);
+            // One restore at a time; a request that cannot wait for another's is decided
+            // from the bound all the same (the other raises the counter).
+            if let Some(_one_at_a_time) = ledger.restoring(deadline).await {
+                self.raise_to(ledger, &key, check, needed, deadline).await;
             }
             let limit_units = limit.quota().limit;
             let allowed = needed <= limit_units;
@@ -568,6 +553,41 @@ impl<S: Store> Limiter<S> {
                 retry_after: if allowed { 0 } else { decision.reset_after },
                 used: needed,
             };
+        }
+    }
+
+    /// Raises the counter of `check` to `needed` after a fresh look (another request
+    /// may have raised it meanwhile); called under the ledger's restore lock.
+    async fn raise_to(
+        &self,
+        ledger: &Ledger,
+        key: &UsageKey,
+        check: &StoreCheck,
+        needed: u64,
+        deadline: Option<Instant>,
+    ) {
+        let probe = StoreCheck {
+            key: check.key,
+            limits: check.limits.clone(),
+            cost: 0,
+        };
+        let mut seen = Vec::new();
+        let looked = within(deadline, &self.metrics, self.store.peek(&probe, &mut seen));
+        if looked.await.is_err() {
+            return;
+        }
+        let current = seen.first().map_or(0, |d| d.used);
+        if current >= needed {
+            return;
+        }
+        let raise = StoreCheck {
+            cost: needed - current,
+            ..probe
+        };
+        let mut raised = Vec::new();
+        let call = self.store.check(std::slice::from_ref(&raise), &mut raised);
+        if within(deadline, &self.metrics, call).await.is_ok() {
+            ledger.restored(key, needed - current);
         }
     }
 

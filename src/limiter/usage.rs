@@ -96,7 +96,7 @@ impl<S: Store> Limiter<S> {
         for (limit, decision) in matched.rule.limits.iter().zip(&decisions) {
             let key = usage_key(&matched.rule, limit, descriptor.clone(), decision, now);
             let ledger_admitted = match (&self.ledger, limit.ledger) {
-                (Some(ledger), true) => Some(ledger.admitted_before(&key).await),
+                (Some(ledger), true) => Some(ledger.admitted_before(&key, None).await),
                 _ => None,
             };
             let quota = limit.quota();

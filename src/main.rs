@@ -58,7 +58,29 @@ fn main() -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             })
         }
-        Command::Usage(settings::UsageCommand::Export(args)) => runtime(Some(1))?.block_on(async {
+        Command::Usage(settings::UsageArgs {
+            command: None,
+            admin,
+            domain,
+            descriptor,
+        }) => {
+            let (Some(domain), Some(descriptor)) = (domain, descriptor) else {
+                anyhow::bail!(
+                    "sluice usage needs --domain and --descriptor (or: sluice usage export)"
+                );
+            };
+            let body = runtime(Some(1))?.block_on(sluice::ledger::client::usage(
+                &admin,
+                &domain,
+                &descriptor,
+            ))?;
+            println!("{body}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Usage(settings::UsageArgs {
+            command: Some(settings::UsageCommand::Export(args)),
+            ..
+        }) => runtime(Some(1))?.block_on(async {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             sluice::ledger::export::csv(&args.ledger_url, &args.from, &args.to, &mut out)
                 .await

@@ -15,6 +15,7 @@
 //! (at most one interval's), and batches refused by a full queue or spool (counted in
 //! `sluice_ledger_dropped_units_total` and logged).
 
+pub mod client;
 pub mod export;
 mod known;
 pub mod schema;

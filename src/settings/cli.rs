@@ -46,9 +46,9 @@ pub enum Command {
     /// The usage ledger in PostgreSQL: `sluice ledger migrate`.
     #[command(subcommand)]
     Ledger(LedgerCommand),
-    /// Usage recorded in the ledger: `sluice usage export`.
-    #[command(subcommand)]
-    Usage(UsageCommand),
+    /// A descriptor's usage in the current window (asked of a running Sluice's admin
+    /// port), or `sluice usage export`.
+    Usage(UsageArgs),
     /// Load-test any RLS server: req/s, latency percentiles, OK/OVER_LIMIT/error counts.
     #[cfg(feature = "bench")]
     Bench(Box<crate::bench::BenchArgs>),
@@ -75,6 +75,24 @@ pub struct LedgerMigrateArgs {
     /// PostgreSQL URL of the usage ledger.
     #[arg(long, env = "SLUICE_LEDGER_URL")]
     pub ledger_url: String,
+}
+
+/// `sluice usage --domain D --descriptor k=v`, or `sluice usage export ...`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct UsageArgs {
+    /// `export`: the ledger's totals as CSV.
+    #[command(subcommand)]
+    pub command: Option<UsageCommand>,
+    /// Admin address of a running `sluice serve` with `--ledger-url`.
+    #[arg(long, env = "SLUICE_ADMIN", default_value = "127.0.0.1:8080")]
+    pub admin: String,
+    /// Request domain.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// The descriptor as `key=value,key2=value2`.
+    #[arg(long)]
+    pub descriptor: Option<String>,
 }
 
 /// `sluice usage ...`.

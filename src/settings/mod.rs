@@ -23,7 +23,7 @@ use std::time::Duration;
 
 pub use cli::{
     CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, LedgerCommand, LedgerMigrateArgs,
-    ServeArgs, TlsArgs, UsageCommand, UsageExportArgs,
+    ServeArgs, TlsArgs, UsageArgs, UsageCommand, UsageExportArgs,
 };
 pub use observability::PrometheusSettings;
 pub use xds::ConfigSource;

@@ -192,6 +192,21 @@ async fn every_admitted_unit_is_written_once() {
         assert!(limit["reset_seconds"].as_u64() <= Some(86_400), "{usage}");
     }
 
+    // The same from the command line, through the admin port.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["usage", "--admin", &server.url("")])
+        .args(["--domain", "faults", "--descriptor", "customer=b"])
+        .output()
+        .expect("run sluice usage");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let usage: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(usage["limits"][0]["store_used"], 30, "{usage}");
+    assert_eq!(usage["limits"][0]["ledger_admitted"], 30, "{usage}");
+
     // The export an invoice needs: per key and window, from the ledger alone.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["usage", "export", "--ledger-url", &postgres.url()])

@@ -104,11 +104,11 @@ pub(crate) struct StateLabel {
 
 /// Labels of `sluice_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
+pub(crate) struct BuildLabels {
     /// The crate's version (`Cargo.toml`).
-    pub version: &'static str,
+    pub(crate) version: &'static str,
     /// The optional cargo features built in, comma-separated (`otel`, `bench`), or empty.
-    pub features: &'static str,
+    pub(crate) features: &'static str,
 }
 
 /// The optional features of this build, for `sluice_build_info{features}`.
@@ -183,23 +183,21 @@ pub struct Metrics {
     pub(crate) xds_connected: Gauge,
     /// xDS responses received, by what was answered: `ack` (loaded) or `nack`.
     pub(crate) xds_responses: Family<ResultLabel, Counter>,
-    /// Always 1, labelled with the version and features: joins other series to a build.
-    pub build_info: Family<BuildLabels, Gauge>,
     /// When rules were last loaded, in Unix seconds (0 before the first load).
-    pub config_last_success: Gauge<f64, AtomicU64>,
+    pub(crate) config_last_success: Gauge<f64, AtomicU64>,
     /// 1 while the last load of new rule content failed (previous rules keep serving),
     /// 0 once a load succeeds.
-    pub config_failing: Gauge,
+    pub(crate) config_failing: Gauge,
     /// Resident memory, in bytes (read from `/proc` at each scrape).
-    pub process_resident_memory: Gauge,
+    pub(crate) process_resident_memory: Gauge,
     /// User and system CPU time, in seconds (read from `/proc` at each scrape).
-    pub process_cpu: Counter<f64, AtomicU64>,
+    pub(crate) process_cpu: Counter<f64, AtomicU64>,
     /// Open file descriptors (read from `/proc` at each scrape).
-    pub process_open_fds: Gauge,
+    pub(crate) process_open_fds: Gauge,
     /// The soft limit on open file descriptors.
-    pub process_max_fds: Gauge,
+    pub(crate) process_max_fds: Gauge,
     /// When the process started, in Unix seconds.
-    pub process_start_time: Gauge<f64, AtomicU64>,
+    pub(crate) process_start_time: Gauge<f64, AtomicU64>,
     /// One scrape at a time moves the CPU counter to the `/proc` reading.
     process_refresh: Mutex<()>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
@@ -565,7 +563,6 @@ impl Metrics {
             process_start_time.clone(),
         );
         Self {
-            build_info,
             config_last_success,
             config_failing,
             process_resident_memory,
@@ -872,7 +869,7 @@ fn quiet_client_router(
 
 /// How spans travel to the collector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OtlpProtocol {
+pub(crate) enum OtlpProtocol {
     /// OTLP/gRPC (port 4317 by convention).
     Grpc,
     /// OTLP/HTTP with protobuf bodies (port 4318, path `/v1/traces`).
@@ -883,18 +880,18 @@ pub enum OtlpProtocol {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceExport {
     /// The protocol.
-    pub protocol: OtlpProtocol,
+    pub(crate) protocol: OtlpProtocol,
     /// The collector, with its scheme (`http://collector:4317`); over HTTP, the whole
     /// traces URL (`http://collector:4318/v1/traces`).
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// The `service.name` resource attribute.
-    pub service_name: String,
+    pub(crate) service_name: String,
     /// The `service.namespace` resource attribute, if any.
-    pub service_namespace: Option<String>,
+    pub(crate) service_namespace: Option<String>,
     /// The `service.instance.id` resource attribute, if any.
-    pub service_instance_id: Option<String>,
+    pub(crate) service_instance_id: Option<String>,
     /// Fraction of traces kept (0 to 1), unless a sampled parent decides.
-    pub sampling_ratio: f64,
+    pub(crate) sampling_ratio: f64,
 }
 
 /// Installs logging (and, with the `otel` feature and an export, OTLP trace export of

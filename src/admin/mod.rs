@@ -57,7 +57,7 @@ pub(crate) fn router<S: Store>(state: Arc<AdminState<S>>) -> Router {
 
 /// A router serving only the Prometheus metrics, at `path` (the reference's
 /// `USE_PROMETHEUS` listener): the same registry as the admin port's `/metrics`.
-pub fn metrics_router(metrics: Arc<Metrics>, path: &str) -> Router {
+pub(crate) fn metrics_router(metrics: Arc<Metrics>, path: &str) -> Router {
     Router::new()
         .route(path, get(prometheus_metrics))
         .with_state(metrics)

@@ -30,22 +30,22 @@ use tokio::sync::mpsc;
 use crate::telemetry::Metrics;
 
 /// Units of one key and window that seal its batch before the interval ends.
-pub const BATCH_UNITS: u64 = 10_000;
+pub(crate) const BATCH_UNITS: u64 = 10_000;
 
 /// Most usage records waiting for the writer task.
 const QUEUE: usize = 65_536;
 
 /// How the ledger reaches PostgreSQL and how much it holds back.
 #[derive(Clone)]
-pub struct LedgerSettings {
+pub(crate) struct LedgerSettings {
     /// `postgres://user:password@host:port/database` (tokio-postgres syntax).
-    pub url: String,
+    pub(crate) url: String,
     /// Longest time admitted units wait before their batch is sealed and written.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// Most sealed batches held while PostgreSQL cannot take them.
-    pub spool: usize,
+    pub(crate) spool: usize,
     /// Create or migrate the schema at start (`--ledger-migrate`).
-    pub migrate: bool,
+    pub(crate) migrate: bool,
 }
 
 impl std::fmt::Debug for LedgerSettings {
@@ -75,17 +75,17 @@ pub fn mask(url: &str) -> String {
 
 /// Units admitted on one key in one window.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct UsageKey {
+pub(crate) struct UsageKey {
     /// The rule's domain.
-    pub domain: Arc<str>,
+    pub(crate) domain: Arc<str>,
     /// The descriptor, `key=value,key2=value2` (request order).
-    pub descriptor: Box<str>,
+    pub(crate) descriptor: Box<str>,
     /// The limit's `name`, or its stats key when it has none.
-    pub limit: Arc<str>,
+    pub(crate) limit: Arc<str>,
     /// Window start, seconds since the Unix epoch (UTC).
-    pub window_start: u64,
+    pub(crate) window_start: u64,
     /// Window length in seconds.
-    pub window_seconds: u64,
+    pub(crate) window_seconds: u64,
 }
 
 /// The ledger's counters, read by `/status` and `/metrics`.
@@ -111,7 +111,7 @@ struct Counters {
 }
 
 /// The handle the limiter records usage through (see the module documentation).
-pub struct Ledger {
+pub(crate) struct Ledger {
     /// Usage waiting for the writer; bounded, never awaited on.
     queue: mpsc::Sender<(UsageKey, u64)>,
     /// Flush requests for the writer.
@@ -137,7 +137,11 @@ impl Ledger {
     /// Starts the writer task (inside a tokio runtime); never waits for PostgreSQL.
     /// `instance` names this process in the ledger; it must differ between processes
     /// and between starts (sequence numbers start again at 1).
-    pub fn start(settings: &LedgerSettings, instance: Arc<str>, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn start(
+        settings: &LedgerSettings,
+        instance: Arc<str>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE);
         let (control, control_receiver) = mpsc::channel(4);
         let counters = Arc::new(Counters::default());
@@ -164,7 +168,7 @@ impl Ledger {
     }
 
     /// Records `units` admitted on `key`. Never waits; a full queue drops them, counted.
-    pub fn record(&self, key: UsageKey, units: u64) {
+    pub(crate) fn record(&self, key: UsageKey, units: u64) {
         if units == 0 {
             return;
         }
@@ -179,7 +183,7 @@ impl Ledger {
     /// every unit this instance admitted. A store counter below it lost
     /// usage.
     /// Waits for the rows until `deadline` at most (and never more than 100 ms).
-    pub async fn admitted_before(
+    pub(crate) async fn admitted_before(
         &self,
         key: &UsageKey,
         deadline: Option<tokio::time::Instant>,
@@ -191,7 +195,7 @@ impl Ledger {
 
     /// Held while a store counter is restored (see [`Ledger::admitted_before`]); `None`
     /// when another restore holds it past `deadline`.
-    pub async fn restoring(
+    pub(crate) async fn restoring(
         &self,
         deadline: Option<tokio::time::Instant>,
     ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
@@ -205,7 +209,7 @@ impl Ledger {
 
     /// A store counter of `key` was raised by `units` to the ledger's bound: counted,
     /// logged, and the key's rows are read again at its next request.
-    pub fn restored(&self, key: &UsageKey, units: u64) {
+    pub(crate) fn restored(&self, key: &UsageKey, units: u64) {
         self.metrics.ledger_restored_units.inc_by(units);
         self.counters
             .restored_units
@@ -221,7 +225,7 @@ impl Ledger {
 
     /// Seals every open batch and writes the spool, waiting at most `within` (at
     /// shutdown, and in tests). Usage recorded before the call is included.
-    pub async fn flush(&self, within: Duration) {
+    pub(crate) async fn flush(&self, within: Duration) {
         let (done, answer) = tokio::sync::oneshot::channel();
         if self
             .control
@@ -234,7 +238,7 @@ impl Ledger {
     }
 
     /// Units not written yet (sealed or open batches are not counted until sealed).
-    pub fn spooled_units(&self) -> u64 {
+    pub(crate) fn spooled_units(&self) -> u64 {
         self.counters.spooled_units.load(Ordering::Relaxed)
     }
 
@@ -244,7 +248,7 @@ impl Ledger {
     }
 
     /// `/status` view.
-    pub fn status(&self) -> serde_json::Value {
+    pub(crate) fn status(&self) -> serde_json::Value {
         let c = &self.counters;
         let oldest = c.oldest_unwritten_ms.load(Ordering::Relaxed);
         let lag = (oldest > 0).then(|| writer::now_ms().saturating_sub(oldest) as f64 / 1000.0);
@@ -280,7 +284,7 @@ fn dropped(counters: &Counters, metrics: &Metrics, units: u64, why: &'static str
 
 /// A fresh instance id: the host name, the process id and the start time, so two
 /// processes (or two starts) never share one.
-pub fn instance_id(start_ms: u64) -> Arc<str> {
+pub(crate) fn instance_id(start_ms: u64) -> Arc<str> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_owned())
         .unwrap_or_else(|_| "sluice".into());

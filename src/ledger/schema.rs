@@ -59,7 +59,7 @@ pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
 }
 
 /// The schema version of the database (0: none yet).
-pub async fn version(client: &Client) -> Result<i32, SchemaError> {
+pub(crate) async fn version(client: &Client) -> Result<i32, SchemaError> {
     let exists = client
         .query_one(
             "SELECT to_regclass('sluice_ledger_schema') IS NOT NULL",

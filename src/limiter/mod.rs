@@ -223,13 +223,13 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Records the units the store admits for `ledger: true` limits in `ledger`.
-    pub fn with_ledger(mut self, ledger: Option<Arc<Ledger>>) -> Self {
+    pub(crate) fn with_ledger(mut self, ledger: Option<Arc<Ledger>>) -> Self {
         self.ledger = ledger;
         self
     }
 
     /// The usage ledger, if one is configured.
-    pub fn ledger(&self) -> Option<&Arc<Ledger>> {
+    pub(crate) fn ledger(&self) -> Option<&Arc<Ledger>> {
         self.ledger.as_ref()
     }
 

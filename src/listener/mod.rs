@@ -42,11 +42,11 @@ pub(crate) async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
 /// so that the client reconnects (a long-lived HTTP/2 connection otherwise pins a
 /// client to one replica), then waits up to `grace` for the calls in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionAge {
+pub(crate) struct ConnectionAge {
     /// Age at which the connection is asked to close.
-    pub max: Duration,
+    pub(crate) max: Duration,
     /// Longest wait after that for the calls in flight.
-    pub grace: Duration,
+    pub(crate) grace: Duration,
 }
 
 impl ConnectionAge {

@@ -55,7 +55,7 @@ impl<S: Store> ServiceBuilder<S> {
     }
 
     /// The usage ledger, where units admitted for `ledger: true` limits are recorded.
-    pub fn ledger(mut self, ledger: Option<Arc<crate::ledger::Ledger>>) -> Self {
+    pub(crate) fn ledger(mut self, ledger: Option<Arc<crate::ledger::Ledger>>) -> Self {
         self.ledger = ledger;
         self
     }

@@ -19,7 +19,7 @@ use crate::telemetry::LogFormat;
 pub struct Cli {
     /// What to do (`serve` when none is given).
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 }
 
 impl Cli {
@@ -117,7 +117,7 @@ pub struct UsageExportArgs {
     pub to: String,
     /// Output format: `csv`.
     #[arg(long, default_value = "csv", value_parser = ["csv"])]
-    pub format: String,
+    pub(crate) format: String,
 }
 
 /// Flags of `sluice explain`.
@@ -201,10 +201,10 @@ pub struct ServeArgs {
     /// Longest life of a gRPC connection: then the server sends GOAWAY, so clients
     /// reconnect and new replicas get their share (±10 % jitter; 0: never) [default: 24h, or GRPC_MAX_CONNECTION_AGE].
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
-    pub grpc_max_connection_age: Option<Duration>,
+    pub(crate) grpc_max_connection_age: Option<Duration>,
     /// After the age: longest wait for the calls in flight before the connection is closed [default: 1h, or GRPC_MAX_CONNECTION_AGE_GRACE].
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration)]
-    pub grpc_max_connection_age_grace: Option<Duration>,
+    pub(crate) grpc_max_connection_age_grace: Option<Duration>,
     /// Admin HTTP listener [default: 0.0.0.0:8080, or HOST:PORT].
     #[arg(long, env = "SLUICE_HTTP_ADDR")]
     pub(crate) http_addr: Option<SocketAddr>,
@@ -226,24 +226,24 @@ pub struct ServeArgs {
     pub(crate) redis_batch_max: usize,
     /// Most store calls waiting for the Redis batcher; beyond it a call fails at once.
     #[arg(long, env = "SLUICE_REDIS_QUEUE", default_value_t = 16_384)]
-    pub redis_queue: usize,
+    pub(crate) redis_queue: usize,
     /// PEM CA bundle trusted for `rediss://` [default: the system roots, or REDIS_TLS_CACERT].
     #[arg(long, env = "SLUICE_REDIS_TLS_CA")]
-    pub redis_tls_ca: Option<PathBuf>,
+    pub(crate) redis_tls_ca: Option<PathBuf>,
     /// PEM client certificate chain presented to Redis (mutual TLS; needs --redis-tls-key) [or REDIS_TLS_CLIENT_CERT].
     #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
-    pub redis_tls_cert: Option<PathBuf>,
+    pub(crate) redis_tls_cert: Option<PathBuf>,
     /// PEM private key of --redis-tls-cert [or REDIS_TLS_CLIENT_KEY].
     #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
     pub(crate) redis_tls_key: Option<PathBuf>,
     /// Accept a Redis certificate whose names do not match the URL host (the chain is
     /// still verified). Host names are checked by default [or REDIS_TLS_SKIP_HOSTNAME_VERIFICATION].
     #[arg(long, env = "SLUICE_REDIS_TLS_INSECURE_SKIP_HOSTNAME")]
-    pub redis_tls_insecure_skip_hostname: bool,
+    pub(crate) redis_tls_insecure_skip_hostname: bool,
     /// Written before every Redis key, so that deployments sharing one Redis keep
     /// separate counters; may not contain `{` or `}` [default: none, or CACHE_KEY_PREFIX].
     #[arg(long, env = "SLUICE_CACHE_KEY_PREFIX")]
-    pub cache_key_prefix: Option<String>,
+    pub(crate) cache_key_prefix: Option<String>,
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
     pub(crate) replicas: u32,
@@ -266,7 +266,7 @@ pub struct ServeArgs {
     pub(crate) response_headers: Option<HeaderMode>,
     /// Merge files of the same domain [default: false, or MERGE_DOMAIN_CONFIG].
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
-    pub merge_domains: Option<bool>,
+    pub(crate) merge_domains: Option<bool>,
     /// Never refuse: report OVER_LIMIT per descriptor but answer OK [or SHADOW_MODE].
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     pub(crate) shadow_mode: Option<bool>,
@@ -289,14 +289,14 @@ pub struct ServeArgs {
     /// OTLP/gRPC collector for traces, e.g. `http://otel-collector:4317` (needs the
     /// `otel` cargo feature) [or OTEL_EXPORTER_OTLP_ENDPOINT, see TRACING_ENABLED].
     #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    pub(crate) otlp_endpoint: Option<String>,
     /// Also serve the admin port's Prometheus metrics on this address [default: none, or
     /// PROMETHEUS_ADDR with USE_PROMETHEUS].
     #[arg(long, env = "SLUICE_PROMETHEUS_ADDR")]
-    pub prometheus_addr: Option<SocketAddr>,
+    pub(crate) prometheus_addr: Option<SocketAddr>,
     /// Path of the metrics on --prometheus-addr [default: /metrics, or PROMETHEUS_PATH].
     #[arg(long, env = "SLUICE_PROMETHEUS_PATH")]
-    pub prometheus_path: Option<String>,
+    pub(crate) prometheus_path: Option<String>,
     /// After SIGTERM: time with readiness false before listeners close.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = humantime::parse_duration, default_value = "0s")]
     pub(crate) drain_delay: Duration,
@@ -361,7 +361,7 @@ pub struct TlsArgs {
     pub(crate) grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of the gRPC certificate [or GRPC_SERVER_TLS_KEY].
     #[arg(long, env = "SLUICE_GRPC_TLS_KEY")]
-    pub grpc_tls_key: Option<PathBuf>,
+    pub(crate) grpc_tls_key: Option<PathBuf>,
     /// Require client certificates issued by this PEM CA bundle (mTLS) [or GRPC_CLIENT_TLS_CACERT, or GRPC_SERVER_TLS_CA_CERT].
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA")]
     pub(crate) grpc_tls_client_ca: Option<PathBuf>,

@@ -34,7 +34,7 @@ pub(crate) fn config_path(flag: Option<&PathBuf>, env: Reference<'_>) -> PathBuf
 /// The gRPC connection age: the flags, else the reference's `GRPC_MAX_CONNECTION_AGE`
 /// and `GRPC_MAX_CONNECTION_AGE_GRACE` (Go durations), else 24 h and 1 h as there. An
 /// age of 0 turns it off.
-pub fn connection_age(
+pub(crate) fn connection_age(
     args: &ServeArgs,
     env: Reference<'_>,
 ) -> Result<Option<ConnectionAge>, SettingsError> {

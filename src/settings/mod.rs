@@ -10,8 +10,8 @@
 pub(crate) mod cli;
 mod listener;
 mod observability;
-pub mod redis;
-pub mod reference;
+pub(crate) mod redis;
+pub(crate) mod reference;
 mod service;
 mod tls;
 mod xds;
@@ -25,7 +25,7 @@ pub use cli::{
     CheckArgs, Cli, Command, ConfigSourceKind, ExplainArgs, LedgerCommand, LedgerMigrateArgs,
     ServeArgs, TlsArgs, UsageArgs, UsageCommand, UsageExportArgs,
 };
-pub use observability::PrometheusSettings;
+pub(crate) use observability::PrometheusSettings;
 pub use xds::ConfigSource;
 
 use crate::limiter::LimiterSettings;
@@ -84,7 +84,7 @@ pub struct Settings {
     /// Largest gRPC message.
     pub(crate) max_message_bytes: usize,
     /// Backstop rescan period.
-    pub reload_interval: Duration,
+    pub(crate) reload_interval: Duration,
     /// Where and how traces are exported, if at all.
     pub tracing: Option<TraceExport>,
     /// A second listener for the Prometheus metrics, if any.
@@ -96,11 +96,11 @@ pub struct Settings {
     /// Serve the endpoints that reveal descriptor values.
     pub(crate) debug_endpoints: bool,
     /// The usage ledger, when `--ledger-url` is given.
-    pub ledger: Option<crate::ledger::LedgerSettings>,
+    pub(crate) ledger: Option<crate::ledger::LedgerSettings>,
     /// Reference variables that were set but mean nothing here.
-    pub ignored_env: Vec<String>,
+    pub(crate) ignored_env: Vec<String>,
     /// gRPC connection age (`None`: connections live as long as clients keep them).
-    pub grpc_connection_age: Option<crate::listener::ConnectionAge>,
+    pub(crate) grpc_connection_age: Option<crate::listener::ConnectionAge>,
     /// gRPC TLS (`None`: plaintext).
     pub grpc_tls: Option<crate::listener::tls::TlsSettings>,
 }

@@ -18,7 +18,7 @@ pub struct PrometheusSettings {
     /// Listener address.
     pub addr: SocketAddr,
     /// Path of the metrics (starts with `/`).
-    pub path: String,
+    pub(crate) path: String,
 }
 
 /// The reference's default `PROMETHEUS_ADDR`.

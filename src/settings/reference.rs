@@ -161,7 +161,7 @@ impl<'a> Reference<'a> {
     }
 
     /// The Go duration variable `name` (`10s`, `1m30s`, `500ms`), if set.
-    pub fn go_duration(&self, name: &str) -> Result<Option<Duration>, SettingsError> {
+    pub(crate) fn go_duration(&self, name: &str) -> Result<Option<Duration>, SettingsError> {
         self.get(name)
             .map(|text| {
                 parse_go_duration(&text).ok_or_else(|| {

@@ -96,7 +96,7 @@ impl KeyPrefix {
     }
 
     /// The prefix as written before each key.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

@@ -13,15 +13,15 @@ const TICKS_PER_SECOND: f64 = 100.0;
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Sample {
     /// Resident memory in bytes (`VmRSS`).
-    pub resident_bytes: i64,
+    pub(crate) resident_bytes: i64,
     /// User plus system CPU time, in seconds.
-    pub cpu_seconds: f64,
+    pub(crate) cpu_seconds: f64,
     /// Open file descriptors.
-    pub open_fds: i64,
+    pub(crate) open_fds: i64,
     /// The soft limit on open file descriptors.
-    pub max_fds: i64,
+    pub(crate) max_fds: i64,
     /// When the process started, in seconds since the Unix epoch.
-    pub start_time_seconds: f64,
+    pub(crate) start_time_seconds: f64,
 }
 
 /// Reads `/proc/self`; `None` when it cannot be read (not Linux, no `/proc`).

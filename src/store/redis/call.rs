@@ -36,9 +36,9 @@ pub(crate) struct Shared {
     /// Most checks in one batch.
     pub(crate) max: usize,
     /// Batch size and store metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Written before every key, so deployments sharing a Redis count apart.
-    pub key_prefix: KeyPrefix,
+    pub(crate) key_prefix: KeyPrefix,
 }
 
 #[cfg(feature = "test-hooks")]

@@ -195,7 +195,7 @@ impl Call {
     /// A call deciding `checks` in order, their keys after `prefix`; `now` overrides
     /// Redis `TIME` (tests only). Each distinct rule (list of limits) is sent once, and
     /// each run of checks names its rule by index: the checks of a batch mostly share one.
-    pub fn new<'a>(
+    pub(crate) fn new<'a>(
         prefix: &KeyPrefix,
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,

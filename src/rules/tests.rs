@@ -399,16 +399,7 @@ fn lease_compiles_and_is_validated() {
             "lease_ttl needs lease",
         ),
     ];
-    for (limit, expected) in cases {
-        let text = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {limit}\n");
-        let found = errors(&text);
-        assert!(
-            found
-                .iter()
-                .any(|e| e.contains(expected) && e.contains("descriptors[0].rate_limit.lease")),
-            "{limit}: {found:?}"
-        );
-    }
+    assert_limit_errors(&cases, "descriptors[0].rate_limit.lease");
     let several = errors(
         "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 5, lease: 2}\n",
     );
@@ -461,13 +452,19 @@ fn ledger_needs_a_fixed_window_and_no_lease() {
             "ledger cannot be combined with lease",
         ),
     ];
+    assert_limit_errors(&cases, "descriptors[0].rate_limit.ledger");
+}
+
+/// Each `rate_limit` of `cases` fails to load with an error holding its expected text
+/// and naming the YAML `path`.
+fn assert_limit_errors(cases: &[(&str, &str)], path: &str) {
     for (limit, expected) in cases {
         let text = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {limit}\n");
         let found = errors(&text);
         assert!(
             found
                 .iter()
-                .any(|e| e.contains(expected) && e.contains("descriptors[0].rate_limit.ledger")),
+                .any(|e| e.contains(expected) && e.contains(path)),
             "{limit}: {found:?}"
         );
     }

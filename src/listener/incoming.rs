@@ -1,10 +1,14 @@
 //! A lane's stream of ready connections (plaintext, or TLS-handshaken) that tonic
 //! serves: the sockets the dealer accepted ([`super::lanes`]), each registered with the
 //! lane's runtime and prepared in a task of its own, bounded by a timeout. With a
-//! connection age, each connection also has a reaper that shuts its socket down once
-//! the age and its grace are over, whatever the calls in flight (tonic's own forced
-//! close at that point skips the graceful GOAWAY, so it is not used).
+//! connection age, each connection also carries a deadline: once the age and its grace
+//! are over, the connection reads as ended, whatever the calls in flight, so tonic
+//! drops it and its socket closes (tonic's own forced close at that
+//! point skips the graceful GOAWAY, so it is not used). The deadline is a timer polled
+//! by the connection's own task: no second task and no second descriptor per
+//! connection.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,8 +18,9 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::tls::ReloadingTls;
@@ -32,11 +37,13 @@ pub(crate) enum GrpcIo {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// A connection as tonic serves it: the stream, and the reaper's signal that it ended.
+/// A connection as tonic serves it: the stream, and when it is closed whatever its
+/// calls (with a connection age).
 pub(crate) struct ServedIo {
     io: GrpcIo,
-    /// Dropped with the connection, which lets its reaper (if any) go at once.
-    _ended: Option<oneshot::Sender<()>>,
+    /// Fires when the connection's age and grace are over; from then on the connection
+    /// reads as ended and writes fail.
+    close_at: Option<Pin<Box<Sleep>>>,
 }
 
 /// Connections ready to serve; dropping it stops taking dealt connections.
@@ -70,7 +77,7 @@ pub(crate) fn incoming_dealt(
 }
 
 /// Prepares `stream` in a task of its own, under [`HANDSHAKE_TIMEOUT`], then puts it
-/// on `ready`, with a reaper when `close_after` is set.
+/// on `ready`, to be closed `close_after` from now when that is set.
 fn hand_over(
     stream: TcpStream,
     tls: Option<Arc<ReloadingTls>>,
@@ -81,11 +88,12 @@ fn hand_over(
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string());
-    let reaper = close_after.and_then(|after| reaper(&stream, after));
+    let close_at = close_after.map(|after| Instant::now() + after);
     tokio::spawn(async move {
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, prepare(stream, tls)).await {
             Ok(Ok(io)) => {
-                let _ = ready.send(ServedIo { io, _ended: reaper }).await;
+                let close_at = close_at.map(|at| Box::pin(tokio::time::sleep_until(at)));
+                let _ = ready.send(ServedIo { io, close_at }).await;
             }
             Ok(Err(error)) => {
                 tracing::debug!(%peer, %error, "gRPC connection refused");
@@ -93,32 +101,6 @@ fn hand_over(
             Err(_) => tracing::debug!(%peer, "gRPC connection idle before handshake; closed"),
         }
     });
-}
-
-/// Shuts `stream`'s socket down `after` from now unless the connection ends first
-/// (the returned sender is dropped). It holds a duplicate of the socket's descriptor,
-/// which `shutdown` acts through, and lets it go as soon as the connection ends, so a
-/// connection closed early is closed for the peer at once.
-fn reaper(stream: &TcpStream, after: Duration) -> Option<oneshot::Sender<()>> {
-    use std::os::fd::AsFd;
-    let duplicate = match stream.as_fd().try_clone_to_owned() {
-        Ok(fd) => std::net::TcpStream::from(fd),
-        Err(error) => {
-            tracing::warn!(%error, "gRPC connection age not enforced on this connection");
-            return None;
-        }
-    };
-    let (ended, mut ended_rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = tokio::time::sleep(after) => {
-                tracing::debug!("gRPC connection past its age and grace; closed");
-                let _ = duplicate.shutdown(std::net::Shutdown::Both);
-            }
-            _ = &mut ended_rx => {}
-        }
-    });
-    Some(ended)
 }
 
 /// Waits for the client's first bytes (plaintext) or completes the TLS handshake.
@@ -232,14 +214,36 @@ impl AsyncWrite for GrpcIo {
 
 // === impl ServedIo ===
 
+impl ServedIo {
+    /// Whether the connection's age and grace are over (registers the caller's waker
+    /// otherwise, so the connection's task wakes when they are).
+    fn past_age(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(close_at) = self.close_at.as_mut() else {
+            return false;
+        };
+        if close_at.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        tracing::debug!("gRPC connection past its age and grace; closed");
+        true
+    }
+}
+
 impl AsyncRead for ServedIo {
+    /// Reads; once the connection is past its age and grace, a read that would wait
+    /// reads as the end of the stream instead, which ends the connection. (The deadline
+    /// is looked at only then, so reads with data pay nothing for it.)
     #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending if this.past_age(cx) => Poll::Ready(Ok(())),
+            read => read,
+        }
     }
 }
 

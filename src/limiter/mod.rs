@@ -613,14 +613,20 @@ impl<S: Store> Limiter<S> {
                 Some(by_store) if !by_store[position] => DecidedBy::FailureMode,
                 _ => DecidedBy::Store,
             };
-            if decided_by == DecidedBy::Store {
-                match &self.ledger {
-                    Some(ledger) => {
-                        let entries = &request.descriptors[index].entries;
-                        record_usage(ledger, &item.rule, entries, check, limit_decisions, now);
-                    }
-                    None => warn_no_ledger(&item.rule),
+            // Units the failure mode admits are recorded too: they were served, and
+            // the restore then charges them to the store once it answers again.
+            match &self.ledger {
+                Some(ledger) => {
+                    let entries = &request.descriptors[index].entries;
+                    let usage = Usage {
+                        rule: &item.rule,
+                        entries,
+                        check,
+                        decided_by,
+                    };
+                    record_usage(ledger, &usage, limit_decisions, now);
                 }
+                None => warn_no_ledger(&item.rule),
             }
             verdicts[index] = self.verdict(item, check, limit_decisions, now, decided_by);
         }
@@ -885,16 +891,24 @@ fn warn_no_ledger(rule: &Rule) {
     }
 }
 
-/// Records in `ledger` the units the store admitted for the `ledger: true` limits of
-/// `rule` (nothing when it refused: a refused request was not served).
-fn record_usage(
-    ledger: &Ledger,
-    rule: &Rule,
-    entries: &[Entry<'_>],
-    check: &StoreCheck,
-    decisions: &[Decision],
-    now: Micros,
-) {
+/// A check whose admitted units a ledger may record.
+struct Usage<'a> {
+    rule: &'a Rule,
+    entries: &'a [Entry<'a>],
+    check: &'a StoreCheck,
+    decided_by: DecidedBy,
+}
+
+/// Records in `ledger` the units admitted for the `ledger: true` limits of the usage's
+/// rule (nothing when a limit refused: a refused request was not served). A failure
+/// mode's decision carries no store window: its units go to the window `now` is in.
+fn record_usage(ledger: &Ledger, usage: &Usage<'_>, decisions: &[Decision], now: Micros) {
+    let Usage {
+        rule,
+        entries,
+        check,
+        decided_by,
+    } = usage;
     if check.cost == 0 || !rule.limits.iter().any(|limit| limit.ledger) {
         return;
     }
@@ -904,8 +918,13 @@ fn record_usage(
     let descriptor = descriptor_text(entries);
     for (limit, decision) in rule.limits.iter().zip(decisions) {
         if limit.ledger {
+            let mut decision = *decision;
+            if *decided_by == DecidedBy::FailureMode {
+                let period = limit.unit.micros();
+                decision.reset_after = period - now % period;
+            }
             ledger.record(
-                usage_key(rule, limit, descriptor.clone(), decision, now),
+                usage_key(rule, limit, descriptor.clone(), &decision, now),
                 check.cost,
             );
         }

@@ -1,9 +1,10 @@
 //! The usage ledger (issue #45) against a real PostgreSQL (Debian's, started by the test
-//! as an unprivileged user): every unit the store admits for a `ledger: true` limit is
-//! written once, with its domain, descriptor, limit and window; refused requests are not;
+//! as an unprivileged user): every unit admitted for a `ledger: true` limit (by the store
+//! or by the `open` failure mode while Redis is down) is written once, with its domain, descriptor, limit and window; refused requests are not;
 //! the schema is made by `sluice ledger migrate` (versioned, a second run changes
 //! nothing); with PostgreSQL killed, Sluice keeps serving, spools the usage and says so
-//! in `/status` and `/metrics`, and writes it all when the database returns.
+//! in `/status` and `/metrics`, and writes it all when the database returns; a Redis
+//! restarted empty is restored from the ledger.
 
 use std::time::{Duration, Instant};
 
@@ -74,17 +75,17 @@ async fn wait_store(server: &TestServer) {
     }
 }
 
-/// Calls `quota=value` until one is refused; how many passed.
-async fn passes_until_refused(server: &TestServer, value: &str) -> usize {
+/// Calls `key=value` until one is refused; how many passed.
+async fn passes_until_refused(server: &TestServer, key: &str, value: &str) -> usize {
     let mut client = server.client().await;
     let mut passed = 0;
     loop {
-        match call(&mut client, "quota", value, DEADLINE).await.outcome {
+        match call(&mut client, key, value, DEADLINE).await.outcome {
             Outcome::Ok => passed += 1,
             Outcome::Over => return passed,
-            other => panic!("quota={value}: {other:?}"),
+            other => panic!("{key}={value}: {other:?}"),
         }
-        assert!(passed <= 1000, "quota={value}: never refused");
+        assert!(passed <= 1000, "{key}={value}: never refused");
     }
 }
 
@@ -312,7 +313,7 @@ async fn a_redis_restarted_empty_is_restored_from_the_ledger() {
     charge(&server, "quota", "same", 900).await;
     redis.restart();
     wait_store(&server).await;
-    assert_eq!(passes_until_refused(&server, "same").await, 100);
+    assert_eq!(passes_until_refused(&server, "quota", "same").await, 100);
     assert_eq!(
         server
             .metrics()
@@ -328,12 +329,44 @@ async fn a_redis_restarted_empty_is_restored_from_the_ledger() {
     redis.restart();
     let server = sluice_on_redis(&postgres, &redis).await;
     wait_store(&server).await;
-    assert_eq!(passes_until_refused(&server, "new").await, 100);
+    assert_eq!(passes_until_refused(&server, "quota", "new").await, 100);
     let status = server.status().await;
     assert_eq!(status["ledger"]["restored_units"], 900, "{status}");
     // Nothing was recorded twice: the ledger holds exactly the quota.
     wait_units_of(&postgres, "quota=new", 1000).await;
     wait_units_of(&postgres, "quota=same", 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_the_failure_mode_admits_are_recorded_and_charged_when_redis_returns() {
+    let _serial = serial().await;
+    let postgres = Postgres::start();
+    migrate(&postgres);
+    let mut redis = RedisServer::start();
+    let server = sluice_on_redis(&postgres, &redis).await;
+
+    // 100 units admitted by Redis, then 50 by the `open` failure mode while it is down.
+    charge(&server, "customer", "served", 100).await;
+    redis.kill();
+    charge(&server, "customer", "served", 50).await;
+    let fallbacks = server
+        .metrics()
+        .await
+        .get("sluice_store_fallback_total{rule=\"faults.customer\",mode=\"open\"}");
+    assert_eq!(
+        fallbacks, 50.0,
+        "the last 50 calls were answered by the failure mode"
+    );
+    wait_units(&postgres, "served", 150, Duration::from_secs(10)).await;
+
+    // Redis returns empty: the 150 served units count against the quota of 1 000.
+    redis.restart();
+    wait_store(&server).await;
+    assert_eq!(
+        passes_until_refused(&server, "customer", "served").await,
+        850
+    );
+    wait_units(&postgres, "served", 1000, Duration::from_secs(10)).await;
 }
 
 /// Waits until the ledger holds `units` for `descriptor`.

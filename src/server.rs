@@ -91,6 +91,8 @@ pub async fn run_with_clock(
             listener: "grpc",
             source: Box::new(e),
         })?;
+    metrics
+        .count_tasks_of(std::iter::once(tokio::runtime::Handle::current()).chain(lanes.handles()));
     match settings.store {
         StoreKind::Memory => {
             let store = Arc::new(

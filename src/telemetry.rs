@@ -198,6 +198,11 @@ pub struct Metrics {
     pub(crate) process_max_fds: Gauge,
     /// When the process started, in Unix seconds.
     pub(crate) process_start_time: Gauge<f64, AtomicU64>,
+    /// Tokio tasks alive on Sluice's runtimes (the main one and every serving thread's),
+    /// read at each scrape.
+    pub(crate) runtime_alive_tasks: Gauge,
+    /// The runtimes whose tasks `runtime_alive_tasks` counts.
+    runtimes: Mutex<Vec<tokio::runtime::Handle>>,
     /// One scrape at a time moves the CPU counter to the `/proc` reading.
     process_refresh: Mutex<()>,
     /// Distinct `rule` label values handed out so far (the cardinality cap).
@@ -562,9 +567,17 @@ impl Metrics {
             "When the process started, in Unix seconds",
             process_start_time.clone(),
         );
+        let runtime_alive_tasks = Gauge::default();
+        registry.register(
+            "runtime_alive_tasks",
+            "Tokio tasks alive on Sluice's runtimes (main and serving threads)",
+            runtime_alive_tasks.clone(),
+        );
         Self {
             config_last_success,
             config_failing,
+            runtime_alive_tasks,
+            runtimes: Mutex::new(Vec::new()),
             process_resident_memory,
             process_cpu,
             process_open_fds,
@@ -780,6 +793,31 @@ impl Metrics {
         self.config_failing.set(1);
     }
 
+    /// Counts the tasks of `runtimes` (besides those counted already) in
+    /// `sluice_runtime_alive_tasks`.
+    pub(crate) fn count_tasks_of(
+        &self,
+        runtimes: impl IntoIterator<Item = tokio::runtime::Handle>,
+    ) {
+        self.runtimes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(runtimes);
+    }
+
+    /// Moves the task gauge to the runtimes' counts now.
+    fn refresh_tasks(&self) {
+        let alive: usize = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|runtime| runtime.metrics().num_alive_tasks())
+            .sum();
+        self.runtime_alive_tasks
+            .set(i64::try_from(alive).unwrap_or(i64::MAX));
+    }
+
     /// Moves the process metrics to a fresh `/proc` reading.
     fn refresh_process(&self) {
         let Some(sample) = process::sample() else {
@@ -799,9 +837,11 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition of every metric (the process metrics read at the call).
+    /// Prometheus text exposition of every metric (the process and task metrics read at
+    /// the call).
     pub fn encode(&self) -> String {
         self.refresh_process();
+        self.refresh_tasks();
         let mut text = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut text, &self.registry);

@@ -45,16 +45,51 @@ fn connected_clients(redis: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
+/// Redis behind a fault proxy and Sluice on it; fields drop in order (Sluice first).
+struct Link {
+    server: TestServer,
+    proxy: Proxy,
+    redis: RedisServer,
+    /// Redis's clients once Sluice is exact, before any fault.
+    clients_before: u64,
+    /// This process's RSS then.
+    rss_before: u64,
+}
+
+impl Link {
+    /// Starts Redis, the proxy and Sluice, waits until limits are exact, then starts a
+    /// load of two callers on `closed=value`.
+    async fn start(value: &'static str) -> (Self, Load) {
+        let redis = RedisServer::start();
+        let proxy = Proxy::start(redis_addr(&redis));
+        let server = sluice(&proxy.url(), STORE_TIMEOUT).await;
+        until_exact(&server, Duration::from_secs(5)).await;
+        let clients_before = connected_clients(&redis);
+        let rss_before = rss_kib();
+        let client = server.client().await;
+        let load = Load::start(&client, "closed", value, 2, LOAD_DEADLINE);
+        let link = Self {
+            server,
+            proxy,
+            redis,
+            clients_before,
+            rss_before,
+        };
+        (link, load)
+    }
+}
+
 /// After the fault: the link is clean, so Sluice must be exact again within the bound,
 /// healthy, with no connection left over and every call answered. Returns the answers.
-async fn recovered(
-    server: &TestServer,
-    redis: &RedisServer,
-    load: Load,
-    clients_before: u64,
-    rss_before: u64,
-    what: &str,
-) -> Vec<Answer> {
+async fn recovered(link: &Link, load: Load, what: &str) -> Vec<Answer> {
+    let Link {
+        server,
+        redis,
+        clients_before,
+        rss_before,
+        ..
+    } = link;
+    let (clients_before, rss_before) = (*clients_before, *rss_before);
     let recovery = until_exact(server, RECOVERY_BOUND + MARGIN).await;
     until_healthy(server).await;
     let answers = load.stop().await;
@@ -106,39 +141,24 @@ fn assert_charged_once(redis: &RedisServer, value: &str, answers: &[Answer]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_link_is_replaced_and_sluice_recovers_within_the_bound() {
     let _serial = serial().await;
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis_addr(&redis));
-    let server = sluice(&proxy.url(), STORE_TIMEOUT).await;
-    until_exact(&server, Duration::from_secs(5)).await;
-    let clients_before = connected_clients(&redis);
-    let rss_before = rss_kib();
-    let client = server.client().await;
-    let load = Load::start(&client, "closed", "half-open", 2, LOAD_DEADLINE);
+    let (link, load) = Link::start("half-open").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    proxy.set(Faults {
+    link.proxy.set(Faults {
         blackhole: true,
         ..Faults::default()
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let during = server.status().await;
+    let during = link.server.status().await;
     assert_eq!(during["store"]["health"], "down", "{during}");
-    proxy.clean();
+    link.proxy.clean();
 
-    let answers = recovered(
-        &server,
-        &redis,
-        load,
-        clients_before,
-        rss_before,
-        "half-open link",
-    )
-    .await;
+    let answers = recovered(&link, load, "half-open link").await;
     assert!(
         answers.iter().any(|a| a.outcome == Outcome::Over),
         "no call took the failure mode"
     );
-    assert_charged_once(&redis, "half-open", &answers);
+    assert_charged_once(&link.redis, "half-open", &answers);
 }
 
 /// Latency with jitter, latency beyond the store timeout, a thin link, then resets of
@@ -146,14 +166,7 @@ async fn a_half_open_link_is_replaced_and_sluice_recovers_within_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_jitter_bandwidth_and_resets_are_answered_within_deadlines() {
     let _serial = serial().await;
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis_addr(&redis));
-    let server = sluice(&proxy.url(), STORE_TIMEOUT).await;
-    until_exact(&server, Duration::from_secs(5)).await;
-    let clients_before = connected_clients(&redis);
-    let rss_before = rss_kib();
-    let client = server.client().await;
-    let load = Load::start(&client, "closed", "bad-link", 2, LOAD_DEADLINE);
+    let (link, load) = Link::start("bad-link").await;
     let phases = [
         Faults {
             latency: Duration::from_millis(5),
@@ -172,22 +185,14 @@ async fn latency_jitter_bandwidth_and_resets_are_answered_within_deadlines() {
         },
     ];
     for faults in phases {
-        proxy.set(faults);
+        link.proxy.set(faults);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    proxy.clean();
+    link.proxy.clean();
     for _ in 0..3 {
-        proxy.reset();
+        link.proxy.reset();
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let answers = recovered(
-        &server,
-        &redis,
-        load,
-        clients_before,
-        rss_before,
-        "latency, bandwidth, resets",
-    )
-    .await;
-    assert_charged_once(&redis, "bad-link", &answers);
+    let answers = recovered(&link, load, "latency, bandwidth, resets").await;
+    assert_charged_once(&link.redis, "bad-link", &answers);
 }

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::faults::assert_exact;
 use support::fault::{
-    assert_all_answered, call, captured_log, log_lines_with, serial, Answer, Load, Outcome, RULES,
+    assert_all_answered, captured_log, log_lines_with, serial, Answer, Load, Outcome, RULES,
 };
 use support::sentinel::SentinelSetup;
 use support::TestServer;
@@ -43,26 +44,6 @@ async fn sluice(url: &str) -> TestServer {
         ],
     )
     .await
-}
-
-/// `few` has a limit of 3: exactly 3 of 5 calls pass.
-async fn assert_exact(server: &TestServer, value: &str) {
-    let mut client = server.client().await;
-    let mut outcomes = Vec::new();
-    for _ in 0..5 {
-        outcomes.push(call(&mut client, "few", value, LOAD_DEADLINE).await.outcome);
-    }
-    assert_eq!(
-        outcomes,
-        [
-            Outcome::Ok,
-            Outcome::Ok,
-            Outcome::Ok,
-            Outcome::Over,
-            Outcome::Over
-        ],
-        "exact limit on {value}"
-    );
 }
 
 /// Waits until the sentinels name a primary other than `old` (at most `within`);

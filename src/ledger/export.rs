@@ -14,7 +14,7 @@ pub async fn csv(
     to: &str,
     out: &mut impl Write,
 ) -> Result<usize, ExportError> {
-    let client = schema::connect(url).await.map_err(SchemaError::from)?;
+    let client = schema::connect(url).await?;
     let version = schema::version(&client).await?;
     if version != schema::VERSION {
         return Err(ExportError::Schema {

@@ -19,6 +19,7 @@ pub mod client;
 pub mod export;
 mod known;
 pub mod schema;
+pub(crate) mod tls;
 mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};

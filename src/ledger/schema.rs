@@ -3,7 +3,9 @@
 //! that records it in `sluice_ledger_schema`, under an advisory lock so that instances
 //! starting together migrate once.
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+use super::tls::{self, LedgerTlsError};
 
 /// The version this build writes; the writer refuses to write to another.
 pub const VERSION: i32 = 1;
@@ -38,6 +40,9 @@ pub enum SchemaError {
     /// PostgreSQL refused or could not be reached.
     #[error("postgresql: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    /// The ledger URL's TLS settings cannot be used.
+    #[error("ledger TLS: {0}")]
+    Tls(#[from] LedgerTlsError),
     /// The database holds a newer schema than this build knows.
     #[error("the ledger schema is at version {found}, newer than this build's {VERSION}: upgrade Sluice")]
     Newer {
@@ -46,10 +51,12 @@ pub enum SchemaError {
     },
 }
 
-/// Connects to `url` (the connection runs on a task of its own until the client is
-/// dropped).
-pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+/// Connects to `url`, with TLS as its `sslmode` and other libpq parameters say (see
+/// [`super::tls`]; the files are read now). The connection runs on a task of its own
+/// until the client is dropped.
+pub async fn connect(url: &str) -> Result<Client, SchemaError> {
+    let settings = tls::connection(url)?;
+    let (client, connection) = tokio_postgres::connect(&settings.config, settings.tls).await?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "ledger connection closed");

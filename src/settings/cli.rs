@@ -308,7 +308,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_DEBUG_ENDPOINTS")]
     pub(crate) debug_endpoints: bool,
     /// PostgreSQL URL of the usage ledger (`postgres://user:pass@host:5432/db`): the units
-    /// admitted for `ledger: true` limits are recorded there. Required by such rules.
+    /// admitted for `ledger: true` limits are recorded there. Required by such rules. TLS
+    /// as libpq reads it: `?sslmode=verify-full&sslrootcert=FILE` (`sslcert`, `sslkey`).
     #[arg(long, env = "SLUICE_LEDGER_URL")]
     pub(crate) ledger_url: Option<String>,
     /// Create or migrate the ledger's tables at start (else `sluice ledger migrate`).

@@ -218,6 +218,13 @@ fn ledger(args: &ServeArgs) -> Result<Option<crate::ledger::LedgerSettings>, Set
             reason: "the interval must be at least 10ms and the spool at least 1 batch".into(),
         });
     }
+    if let Err(error) = crate::ledger::tls::check(&url) {
+        return Err(SettingsError {
+            name: "--ledger-url".into(),
+            value: crate::ledger::mask(&url),
+            reason: error.to_string(),
+        });
+    }
     Ok(Some(crate::ledger::LedgerSettings {
         url,
         interval: args.ledger_interval,

@@ -8,5 +8,6 @@ mod faults;
 mod faults_cluster;
 mod faults_sentinel;
 mod ledger;
+mod ledger_tls;
 mod redis_exactness;
 mod redis_tls;

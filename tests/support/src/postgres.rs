@@ -72,11 +72,23 @@ pub struct Postgres {
     pub port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// `-c` settings besides the defaults (TLS).
+    settings: Vec<String>,
 }
 
 impl Postgres {
     /// A new cluster (user `sluice`, trust authentication on loopback), started.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`Postgres::start`], serving TLS with `server`'s certificate and refusing every
+    /// TCP connection without it (`hostssl` only in `pg_hba.conf`).
+    pub fn start_with_tls(server: &crate::pki::Leaf) -> Self {
+        Self::start_with(Some(server))
+    }
+
+    fn start_with(tls: Option<&crate::pki::Leaf>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("sluice-pg-")
             .tempdir()
@@ -110,10 +122,38 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        let mut settings = Vec::new();
+        if let Some(leaf) = tls {
+            let (cert, key) = leaf.write(dir.path(), "server");
+            if is_root() {
+                for file in [&cert, &key] {
+                    let status = Command::new("chown")
+                        .arg(format!("{USER}:nogroup"))
+                        .arg(file)
+                        .status()
+                        .expect("run chown");
+                    assert!(status.success(), "chown of {}", file.display());
+                }
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+                .expect("key mode 0600");
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 trust\n\
+                 hostnossl all all 127.0.0.1/32 reject\n",
+            )
+            .expect("write pg_hba.conf");
+            settings.push("ssl=on".to_owned());
+            settings.push(format!("ssl_cert_file={}", cert.display()));
+            settings.push(format!("ssl_key_file={}", key.display()));
+        }
         let mut server = Self {
             port: free_port(),
             child: None,
             dir,
+            settings,
         };
         server.launch();
         server
@@ -134,6 +174,7 @@ impl Postgres {
                 "-c",
                 "full_page_writes=off",
             ])
+            .args(self.settings.iter().flat_map(|setting| ["-c", setting]))
             // Its own process group, so that a kill reaches every backend too.
             .process_group(0)
             .stdout(Stdio::null())

@@ -109,10 +109,16 @@ impl Known {
     ) -> u64 {
         let start_read = {
             let mut keys = self.lock();
-            if !keys.contains_key(key) && keys.len() >= MAX_KEYS {
-                return 0;
+            if !keys.contains_key(key) {
+                if keys.len() >= MAX_KEYS {
+                    return 0;
+                }
+                keys.insert(key.clone(), Entry::default());
             }
-            let entry = keys.entry(key.clone()).or_default();
+            // Present now: a known key is not cloned (its descriptor is an allocation).
+            let Some(entry) = keys.get_mut(key) else {
+                return 0;
+            };
             if entry.read {
                 return entry.bound();
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
 
-use super::{dropped, schema, Counters, LedgerSettings, UsageKey, BATCH_UNITS};
+use super::{dropped, schema, Counters, LedgerSettings, UsageKey, BATCH_UNITS, QUEUE};
 use crate::telemetry::Metrics;
 
 /// Most batches in one `INSERT`.
@@ -35,6 +35,9 @@ struct Batch {
     units: u64,
     sealed_ms: u64,
 }
+
+/// Usage records as the request path queues them.
+type Usage = mpsc::Receiver<(UsageKey, u64)>;
 
 /// The writer's state.
 struct Writer {
@@ -62,7 +65,7 @@ struct Writer {
 pub(super) async fn run(
     settings: LedgerSettings,
     instance: Arc<str>,
-    mut usage: mpsc::Receiver<(UsageKey, u64)>,
+    mut usage: Usage,
     mut control: mpsc::Receiver<Control>,
     counters: Arc<Counters>,
     metrics: Arc<Metrics>,
@@ -94,17 +97,36 @@ pub(super) async fn run(
                     writer.add(key, units);
                 }
                 writer.seal_all();
-                writer.write_until(Instant::now() + within).await;
+                writer.write_until(Instant::now() + within, &mut usage).await;
                 let _ = done.send(());
             }
             _ = tick.tick() => {
                 writer.seal_all();
-                writer.write().await;
+                writer.write(&mut usage).await;
             }
         }
     }
     writer.seal_all();
-    writer.write_until(Instant::now() + WRITE_TIMEOUT).await;
+    writer
+        .write_until(Instant::now() + WRITE_TIMEOUT, &mut usage)
+        .await;
+}
+
+/// Awaits `work` while taking usage off the queue into `arrived` (at most [`QUEUE`]
+/// records), so that requests do not find the queue full while PostgreSQL is slow.
+async fn draining<T>(
+    work: impl std::future::Future<Output = T>,
+    usage: &mut Usage,
+    arrived: &mut Vec<(UsageKey, u64)>,
+) -> T {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            Some(item) = usage.recv(), if arrived.len() < QUEUE => arrived.push(item),
+        }
+    }
 }
 
 // === impl Writer ===
@@ -158,26 +180,37 @@ impl Writer {
     }
 
     /// Writes the spool until it is empty or `deadline` passes.
-    async fn write_until(&mut self, deadline: Instant) {
+    async fn write_until(&mut self, deadline: Instant, usage: &mut Usage) {
         while !self.spool.is_empty() && Instant::now() < deadline {
             self.retry_at = self.retry_at.min(Instant::now());
-            if !self.write().await {
+            if !self.write(usage).await {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
 
-    /// One attempt at writing the spool (connecting first if need be). Whether it is
-    /// empty now.
-    async fn write(&mut self) -> bool {
+    /// One attempt at writing the spool (connecting first if need be), taking usage
+    /// off the queue meanwhile. Whether the spool is empty now.
+    async fn write(&mut self, usage: &mut Usage) -> bool {
         if self.spool.is_empty() {
             return true;
         }
+        let mut arrived = Vec::new();
+        let written = self.write_spool(usage, &mut arrived).await;
+        for (key, units) in arrived {
+            self.add(key, units);
+        }
+        written
+    }
+
+    /// [`Writer::write`] but for the usage that arrives meanwhile, left in `arrived`.
+    async fn write_spool(&mut self, usage: &mut Usage, arrived: &mut Vec<(UsageKey, u64)>) -> bool {
         if self.client.is_none() {
             if Instant::now() < self.retry_at {
                 return false;
             }
-            match tokio::time::timeout(WRITE_TIMEOUT, self.connect()).await {
+            let connect = tokio::time::timeout(WRITE_TIMEOUT, self.connect());
+            match draining(connect, usage, arrived).await {
                 Ok(Ok(client)) => {
                     self.client = Some(client);
                     self.backoff = Duration::from_millis(100);
@@ -192,13 +225,16 @@ impl Writer {
         while !self.spool.is_empty() {
             let count = self.spool.len().min(WRITE_CHUNK);
             let result = match &self.client {
-                Some(client) => tokio::time::timeout(
-                    WRITE_TIMEOUT,
-                    insert(client, &self.instance, &self.spool, count),
-                )
-                .await
-                .map_err(|_| "write timed out".to_owned())
-                .and_then(|result| result.map_err(|error| error.to_string())),
+                Some(client) => {
+                    let insert = tokio::time::timeout(
+                        WRITE_TIMEOUT,
+                        insert(client, &self.instance, &self.spool, count),
+                    );
+                    draining(insert, usage, arrived)
+                        .await
+                        .map_err(|_| "write timed out".to_owned())
+                        .and_then(|result| result.map_err(|error| error.to_string()))
+                }
                 None => return false,
             };
             if let Err(error) = result {

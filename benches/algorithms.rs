@@ -21,6 +21,7 @@ fn decide(c: &mut Criterion) {
         limit: 1_000,
         period: MICROS_PER_SECOND,
         burst: 1_000,
+        on_over_limit: Default::default(),
     };
     let now = 1_700_000_000 * MICROS_PER_SECOND;
     for kind in KINDS {

@@ -130,6 +130,7 @@ pub fn explain(
                     .collect(),
                 limit_override: None,
                 hits_addend: None,
+                refund: false,
             })
             .collect(),
         hits_addend: u64::from(args.hits_addend),

@@ -242,16 +242,19 @@ pub(crate) enum RuleStat {
     ShadowMode,
     /// `over_limit_with_local_cache`.
     OverLimitWithLocalCache,
+    /// `refunded_hits`: hits given back by negative hits (`is_negative_hits`).
+    RefundedHits,
 }
 
 impl RuleStat {
-    const ALL: [RuleStat; 6] = [
+    const ALL: [RuleStat; 7] = [
         Self::TotalHits,
         Self::WithinLimit,
         Self::NearLimit,
         Self::OverLimit,
         Self::ShadowMode,
         Self::OverLimitWithLocalCache,
+        Self::RefundedHits,
     ];
 
     /// The `stat` label value.
@@ -263,12 +266,19 @@ impl RuleStat {
             Self::OverLimit => "over_limit",
             Self::ShadowMode => "shadow_mode",
             Self::OverLimitWithLocalCache => "over_limit_with_local_cache",
+            Self::RefundedHits => "refunded_hits",
         }
     }
 }
 
 /// The `decision` label values.
-pub(crate) const DECISIONS: [&str; 4] = ["ok", "over_limit", "near_limit", "shadow_over_limit"];
+pub(crate) const DECISIONS: [&str; 5] = [
+    "ok",
+    "over_limit",
+    "near_limit",
+    "shadow_over_limit",
+    "refund",
+];
 
 /// Every counter one rule label can move, each resolved from its family on first use
 /// (so untouched series stay absent from `/metrics`, as before) and then kept.
@@ -282,9 +292,9 @@ pub(crate) struct RuleCounters {
     /// The per-rule decisions family.
     requests: Family<DecisionLabels, Counter>,
     /// Resolved hit counters, in [`RuleStat::ALL`] order.
-    hits: [OnceLock<Counter>; 6],
+    hits: [OnceLock<Counter>; 7],
     /// Resolved decision counters, in [`DECISIONS`] order.
-    decisions: [OnceLock<Counter>; 4],
+    decisions: [OnceLock<Counter>; 5],
 }
 
 /// Adds `n` to `counter`, stopping at `u64::MAX`: a client's `hits_addend` near

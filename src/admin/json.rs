@@ -70,6 +70,14 @@ fn parse_descriptor(value: &Value) -> Result<RateLimitDescriptor, JsonError> {
     if let Some(addend) = uint_field(object, &["hitsAddend", "hits_addend"])? {
         descriptor.hits_addend = Some(addend);
     }
+    match ["isNegativeHits", "is_negative_hits"]
+        .iter()
+        .find_map(|name| object.get(*name))
+    {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(negative)) => descriptor.is_negative_hits = *negative,
+        Some(_) => return Err(JsonError("isNegativeHits must be a boolean".into())),
+    }
     Ok(descriptor)
 }
 

@@ -12,6 +12,14 @@
 //! answer. Guarantee: at most `limit` units are admitted per aligned window, so at most
 //! `2 × limit` over a rolling window straddling a boundary.
 //!
+//! **`on_over_limit: charge`** (debt): the count keeps growing past the limit, and a
+//! window carries into the next what the count holds beyond `limit` (each window pays
+//! `limit` back), so a debt of `n × limit` refuses the next `n` windows. `retry_after`
+//! and `reset_after` are the starts of the windows where it is paid.
+//!
+//! **Refund** (a negative hit): the current window's count goes down by the units given
+//! back, never below zero; a window that has ended gives nothing back.
+//!
 //! Memory per key: two integers (window start, count), 16 bytes.
 
 use super::{Algorithm, Decision, Micros, Quota};
@@ -41,15 +49,27 @@ impl Algorithm for FixedWindow {
         // Lua: window_start = now - now % period; a clock that stepped back stays in the
         // stored window (never reopens an earlier, emptier one).
         let window_start = (now - now % quota.period).max(state.window_start);
-        let count = if window_start == state.window_start {
-            state.count
-        } else {
-            0
-        };
-        let window_end = window_start.saturating_add(quota.period);
-        let reset_after = window_end.saturating_sub(now);
+        let count = carried(state, window_start, quota);
         let count_after = count.saturating_add(cost);
         let allowed = count_after <= quota.limit;
+        // Lua: until the window in which the count is paid back (1: this one's end).
+        let until_window = |windows: u64| {
+            window_start
+                .saturating_add(quota.period.saturating_mul(windows))
+                .saturating_sub(now)
+        };
+        let reset_after = until_window(windows_to_pay(count_after, quota));
+        let retry_after = if allowed {
+            0
+        } else if quota.charges_always() && cost <= quota.limit {
+            // The count (this charge included) must fall to `limit - cost`.
+            until_window(windows_to_pay(
+                count_after.saturating_add(cost) - quota.limit,
+                quota,
+            ))
+        } else {
+            until_window(1)
+        };
         let decision = Decision {
             allowed,
             remaining: if allowed {
@@ -58,7 +78,7 @@ impl Algorithm for FixedWindow {
                 0
             },
             reset_after,
-            retry_after: if allowed { 0 } else { reset_after },
+            retry_after,
             used: count_after,
         };
         let counts = cost > 0;
@@ -73,7 +93,65 @@ impl Algorithm for FixedWindow {
         (decision, next)
     }
 
-    fn expires_at(state: &State, quota: &Quota) -> Micros {
-        state.window_start.saturating_add(quota.period)
+    fn refund(state: &State, now: Micros, units: u64, quota: &Quota) -> (Decision, State) {
+        if quota.period == 0 {
+            return (Decision::refund_of_invalid_quota(), *state);
+        }
+        // Lua: the same roll as `decide`; only the current window's count gives back.
+        let window_start = (now - now % quota.period).max(state.window_start);
+        let count = carried(state, window_start, quota);
+        let count_after = count.saturating_sub(units);
+        let windows = windows_to_pay(count_after, quota);
+        let decision = Decision {
+            allowed: true,
+            remaining: quota.limit.saturating_sub(count_after),
+            reset_after: window_start
+                .saturating_add(quota.period.saturating_mul(windows))
+                .saturating_sub(now),
+            retry_after: 0,
+            used: count_after,
+        };
+        let next = if count_after != count {
+            State {
+                window_start,
+                count: count_after,
+            }
+        } else {
+            *state
+        };
+        (decision, next)
     }
+
+    fn expires_at(state: &State, quota: &Quota) -> Micros {
+        let windows = windows_to_pay(state.count, quota);
+        state
+            .window_start
+            .saturating_add(quota.period.saturating_mul(windows))
+    }
+}
+
+/// The count of `state` in the window starting at `window_start` (≥ the state's): the
+/// same window's count; in a later one 0, or under `on_over_limit: charge` what is left
+/// of a debt once each window since has paid `limit` back.
+fn carried(state: &State, window_start: Micros, quota: &Quota) -> u64 {
+    if window_start == state.window_start {
+        return state.count;
+    }
+    if !quota.charges_always() || quota.limit == 0 {
+        return 0;
+    }
+    // Lua: math.floor((window_start - state.window_start) / period), exact below 2^53.
+    let windows = (window_start - state.window_start) / quota.period;
+    state
+        .count
+        .saturating_sub(quota.limit.saturating_mul(windows))
+}
+
+/// How many window ends (counting the current one's) a count of `count` needs to be
+/// paid back: 1, except under `on_over_limit: charge`, where each window pays `limit`.
+fn windows_to_pay(count: u64, quota: &Quota) -> u64 {
+    if !quota.charges_always() || quota.limit == 0 {
+        return 1;
+    }
+    count.div_ceil(quota.limit).max(1)
 }

@@ -24,6 +24,13 @@
 //! can never pass and reports `ceil(τ)` (the time to drain a full bucket, at least 1 µs).
 //! `reset_after = ceil(tat - now)` after the decision (until the bucket is empty).
 //!
+//! **`on_over_limit: charge`** (debt): a refused charge moves the TAT too (even past
+//! `now + τ`), and the TAT only comes back with time, so a debt is paid back at exactly
+//! one unit per `T`; `retry_after` counts the refused request's own charge.
+//!
+//! **Refund** (a negative hit): the TAT moves back by `units × T`, never before now
+//! (a bucket cannot hold more than `burst`).
+//!
 //! Memory per key: one mixed-radix timestamp (µs and fraction), 16 bytes.
 
 use super::{is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
@@ -120,22 +127,33 @@ impl Algorithm for Gcra {
         let tat = tat_of(state, quota);
         let base = tat.max(now_m);
         let tau = Mixed::intervals(quota.burst, quota);
+        let new_tat = base.add(Mixed::intervals(cost, quota), quota);
         if cost > quota.burst {
             let ahead = base.sub(now_m, quota).in_intervals(quota);
+            // Debt (`on_over_limit: charge`): even a cost that can never pass is taken.
+            let (next, kept) = if quota.charges_always() {
+                let next = State {
+                    tat: new_tat.us,
+                    frac: new_tat.frac,
+                };
+                (next, new_tat)
+            } else {
+                (*state, base)
+            };
             let decision = Decision {
                 allowed: false,
                 remaining: 0,
-                reset_after: base.sub(now_m, quota).ceil(),
+                reset_after: kept.sub(now_m, quota).ceil(),
                 retry_after: tau.ceil().max(1),
                 used: to_u64((ahead + cost as f64).ceil()),
             };
-            return (decision, *state);
+            return (decision, next);
         }
-        let new_tat = base.add(Mixed::intervals(cost, quota), quota);
         let ahead = new_tat.sub(now_m, quota);
         let allowed = ahead <= tau;
         let units_ahead = ahead.in_intervals(quota);
-        let (next, kept) = if allowed && cost > 0 {
+        let charged = (allowed || quota.charges_always()) && cost > 0;
+        let (next, kept) = if charged {
             let next = State {
                 tat: new_tat.us,
                 frac: new_tat.frac,
@@ -155,10 +173,45 @@ impl Algorithm for Gcra {
             reset_after: kept.sub(now_m, quota).ceil(),
             retry_after: if allowed {
                 0
+            } else if charged {
+                // The same request again, after this one's charge.
+                ahead
+                    .add(Mixed::intervals(cost, quota), quota)
+                    .sub(tau, quota)
+                    .ceil()
             } else {
                 ahead.sub(tau, quota).ceil()
             },
             // Lua: math.ceil(units_ahead)
+            used: to_u64(units_ahead.ceil()),
+        };
+        (decision, next)
+    }
+
+    fn refund(state: &State, now: Micros, units: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::refund_of_invalid_quota(), *state);
+        }
+        let now_m = Mixed { us: now, frac: 0 };
+        let tat = tat_of(state, quota);
+        // The TAT moves back by `units × T`, never before now.
+        let back = tat.sub(Mixed::intervals(units, quota), quota).max(now_m);
+        let (next, kept) = if back < tat {
+            let next = State {
+                tat: back.us,
+                frac: back.frac,
+            };
+            (next, back)
+        } else {
+            (*state, tat.max(now_m))
+        };
+        let ahead = kept.sub(now_m, quota);
+        let units_ahead = ahead.in_intervals(quota);
+        let decision = Decision {
+            allowed: true,
+            remaining: to_u64((quota.burst as f64 - units_ahead).floor()),
+            reset_after: ahead.ceil(),
+            retry_after: 0,
             used: to_u64(units_ahead.ceil()),
         };
         (decision, next)

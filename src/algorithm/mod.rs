@@ -90,6 +90,30 @@ impl AlgorithmKind {
     ];
 }
 
+/// What a limit does with a charge it cannot admit (the rule's `on_over_limit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnOverLimit {
+    /// Refuse it and charge nothing (the fixed window still counts it, as the
+    /// reference does). The default.
+    #[default]
+    Refuse,
+    /// Refuse it and charge it anyway: every charge counts, so the state can go into
+    /// debt (more used than the limit holds), and later requests are refused until
+    /// time has paid the debt back at the limit's rate. For a cost known only after
+    /// the response (LLM tokens): the charge at stream end is never lost.
+    Charge,
+}
+
+impl OnOverLimit {
+    /// The name used in rule files (`on_over_limit: charge`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::Charge => "charge",
+        }
+    }
+}
+
 /// The numbers of one limit, fixed at rule load time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Quota {
@@ -101,6 +125,16 @@ pub struct Quota {
     /// Capacity of token bucket and GCRA (the rule's `burst`, default `limit`).
     /// Other algorithms ignore it.
     pub burst: u64,
+    /// Whether a charge that does not fit still counts (debt). The sliding log always
+    /// refuses (a debt would be one entry per unit); rules never give it `Charge`.
+    pub on_over_limit: OnOverLimit,
+}
+
+impl Quota {
+    /// Whether every charge counts, admitted or not ([`OnOverLimit::Charge`]).
+    pub(crate) fn charges_always(&self) -> bool {
+        self.on_over_limit == OnOverLimit::Charge
+    }
 }
 
 /// What an algorithm decided for one request of a given cost.
@@ -121,6 +155,16 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The answer to a refund against a quota that cannot admit anything (see
+    /// [`is_invalid`]): nothing was charged, so nothing is given back; a refund is never
+    /// refused.
+    pub(crate) fn refund_of_invalid_quota() -> Self {
+        Self {
+            allowed: true,
+            ..Self::default()
+        }
+    }
+
     /// The answer for a quota that cannot admit anything (see [`is_invalid`]): refused,
     /// nothing remaining, retry after one period (at least 1 µs).
     pub(crate) fn invalid_quota(cost: u64, quota: &Quota) -> Self {
@@ -205,6 +249,18 @@ pub trait Algorithm {
         quota: &Quota,
     ) -> (Decision, Self::State);
 
+    /// Gives back `units` hits at `now` (a negative hit, Envoy's `is_negative_hits`):
+    /// always allowed, never refused; the decision describes the state after the
+    /// refund (`retry_after` 0). Each algorithm states what a refund gives back; none
+    /// lets a later request through that the charges it was given back from did not
+    /// pay for. `units == 0` returns the state unchanged.
+    fn refund(
+        state: &Self::State,
+        now: Micros,
+        units: u64,
+        quota: &Quota,
+    ) -> (Decision, Self::State);
+
     /// The instant from which `state` answers exactly as a fresh state would: the
     /// key may be dropped then (memory eviction, Redis TTL).
     fn expires_at(state: &Self::State, quota: &Quota) -> Micros;
@@ -248,6 +304,7 @@ impl State {
 /// `state` belongs to another algorithm) and wraps the new state.
 fn run<A: Algorithm>(
     state: Option<&A::State>,
+    op: Op,
     now: Micros,
     cost: u64,
     quota: &Quota,
@@ -261,8 +318,20 @@ fn run<A: Algorithm>(
             &fresh
         }
     };
-    let (decision, next) = A::decide(state, now, cost, quota);
+    let (decision, next) = match op {
+        Op::Charge => A::decide(state, now, cost, quota),
+        Op::Refund => A::refund(state, now, cost, quota),
+    };
     (decision, wrap(next))
+}
+
+/// What a call does to a state: decide a charge, or give hits back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// [`Algorithm::decide`].
+    Charge,
+    /// [`Algorithm::refund`].
+    Refund,
 }
 
 /// Decides a request with algorithm `kind` over a stored `state` (see [`Algorithm::decide`]).
@@ -274,36 +343,65 @@ pub fn decide(
     cost: u64,
     quota: &Quota,
 ) -> (Decision, State) {
+    apply(kind, state, Op::Charge, now, cost, quota)
+}
+
+/// Gives `units` hits back with algorithm `kind` over a stored `state` (see
+/// [`Algorithm::refund`]). A state of another algorithm is treated as fresh.
+pub fn refund(
+    kind: AlgorithmKind,
+    state: &State,
+    now: Micros,
+    units: u64,
+    quota: &Quota,
+) -> (Decision, State) {
+    apply(kind, state, Op::Refund, now, units, quota)
+}
+
+/// [`decide`] or [`refund`].
+fn apply(
+    kind: AlgorithmKind,
+    state: &State,
+    op: Op,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> (Decision, State) {
     use AlgorithmKind as K;
     match (kind, state) {
         (K::FixedWindow, State::FixedWindow(s)) => {
-            run::<fixed_window::FixedWindow>(Some(s), now, cost, quota, State::FixedWindow)
+            run::<fixed_window::FixedWindow>(Some(s), op, now, cost, quota, State::FixedWindow)
         }
         (K::FixedWindow, _) => {
-            run::<fixed_window::FixedWindow>(None, now, cost, quota, State::FixedWindow)
+            run::<fixed_window::FixedWindow>(None, op, now, cost, quota, State::FixedWindow)
         }
-        (K::SlidingWindow, State::SlidingWindow(s)) => {
-            run::<sliding_window::SlidingWindow>(Some(s), now, cost, quota, State::SlidingWindow)
-        }
+        (K::SlidingWindow, State::SlidingWindow(s)) => run::<sliding_window::SlidingWindow>(
+            Some(s),
+            op,
+            now,
+            cost,
+            quota,
+            State::SlidingWindow,
+        ),
         (K::SlidingWindow, _) => {
-            run::<sliding_window::SlidingWindow>(None, now, cost, quota, State::SlidingWindow)
+            run::<sliding_window::SlidingWindow>(None, op, now, cost, quota, State::SlidingWindow)
         }
         (K::SlidingLog, State::SlidingLog(s)) => {
-            run::<sliding_log::SlidingLog>(Some(s), now, cost, quota, |s| {
+            run::<sliding_log::SlidingLog>(Some(s), op, now, cost, quota, |s| {
                 State::SlidingLog(Box::new(s))
             })
         }
-        (K::SlidingLog, _) => run::<sliding_log::SlidingLog>(None, now, cost, quota, |s| {
+        (K::SlidingLog, _) => run::<sliding_log::SlidingLog>(None, op, now, cost, quota, |s| {
             State::SlidingLog(Box::new(s))
         }),
         (K::TokenBucket, State::TokenBucket(s)) => {
-            run::<token_bucket::TokenBucket>(Some(s), now, cost, quota, State::TokenBucket)
+            run::<token_bucket::TokenBucket>(Some(s), op, now, cost, quota, State::TokenBucket)
         }
         (K::TokenBucket, _) => {
-            run::<token_bucket::TokenBucket>(None, now, cost, quota, State::TokenBucket)
+            run::<token_bucket::TokenBucket>(None, op, now, cost, quota, State::TokenBucket)
         }
-        (K::Gcra, State::Gcra(s)) => run::<gcra::Gcra>(Some(s), now, cost, quota, State::Gcra),
-        (K::Gcra, _) => run::<gcra::Gcra>(None, now, cost, quota, State::Gcra),
+        (K::Gcra, State::Gcra(s)) => run::<gcra::Gcra>(Some(s), op, now, cost, quota, State::Gcra),
+        (K::Gcra, _) => run::<gcra::Gcra>(None, op, now, cost, quota, State::Gcra),
     }
 }
 

@@ -13,6 +13,9 @@
 //! logged at `t` leaves it at `t + period`); a `cost > limit` can never pass and reports
 //! one `period`. `reset_after` is the time until the newest run leaves the window.
 //!
+//! **Refund** (a negative hit): the newest units of the live log leave it, as many as
+//! are given back (all of them at most); units that have left the window are gone.
+//!
 //! Memory per key: 16 bytes per run plus a 24-byte `Vec` header (boxed in
 //! [`super::State`]); at most `limit` runs, so ≤ 16 × limit + 24 bytes. Redis keeps
 //! the same log as a sorted set with one member per unit (`scripts/sliding_log.lua`),
@@ -104,6 +107,54 @@ impl Algorithm for SlidingLog {
             _ => next.push(Run { at, units: cost }),
         }
         (decision, State { runs: next })
+    }
+
+    fn refund(state: &State, now: Micros, units: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::refund_of_invalid_quota(), state.clone());
+        }
+        let period = quota.period;
+        let newest = state.runs.last().map_or(0, |run| run.at);
+        let at = now.max(newest);
+        let live = state
+            .runs
+            .iter()
+            .position(|run| run.at.saturating_add(period) > at)
+            .unwrap_or(state.runs.len());
+        let mut runs = state.runs[live..].to_vec();
+        // The newest units of the live log leave first.
+        let mut left = units;
+        while left > 0 {
+            match runs.last_mut() {
+                Some(run) if run.units > left => {
+                    run.units -= left;
+                    left = 0;
+                }
+                Some(run) => {
+                    left -= run.units;
+                    runs.pop();
+                }
+                None => break,
+            }
+        }
+        let removed = units - left;
+        let in_window = runs
+            .iter()
+            .fold(0u64, |sum, run| sum.saturating_add(run.units));
+        let reset_after = runs
+            .last()
+            .map_or(0, |run| run.at.saturating_add(period).saturating_sub(now));
+        let decision = Decision {
+            allowed: true,
+            remaining: quota.limit.saturating_sub(in_window),
+            reset_after,
+            retry_after: 0,
+            used: in_window,
+        };
+        if removed == 0 {
+            return (decision, state.clone());
+        }
+        (decision, State { runs })
     }
 
     fn expires_at(state: &State, quota: &Quota) -> Micros {

@@ -29,6 +29,15 @@
 //! [`earliest`] on the same predicate); a `cost > limit` can never pass and reports one
 //! `period`. `reset_after` is the time until the estimate decays to 0.
 //!
+//! **`on_over_limit: charge`** (debt): a refused charge counts too, so `curr` can pass
+//! the limit; each window then passes at most `limit` on to be the next one's previous
+//! count and carries the rest, so the estimate pays a debt back at `limit` per window
+//! (the plain roll when the count is within the limit).
+//!
+//! **Refund** (a negative hit): the current window's counter goes down by the units
+//! given back, never below zero; the previous window's is never touched (what it let
+//! through has been used).
+//!
 //! Memory per key: three integers (window start, previous and current count), 24 bytes.
 
 use super::{earliest, is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
@@ -66,6 +75,21 @@ fn assess(state: &State, at: Micros, cost: u64, quota: &Quota) -> Assessment {
     let (prev, curr) = if window_start <= state.window_start {
         // Same window (or a period change made the alignment move back): keep counts.
         (state.prev, state.curr)
+    } else if quota.charges_always() {
+        // Debt: each window passes `limit` of the count on to be the previous window's,
+        // and carries the rest (the plain roll when the count is within the limit).
+        // Lua: math.floor((window_start - state.window_start) / period), at least 1
+        // (a period changed since the state was written can misalign them).
+        let windows = ((window_start - state.window_start) / period).max(1);
+        let limit = quota.limit;
+        let passed = state
+            .curr
+            .saturating_sub(limit.saturating_mul(windows - 1))
+            .min(limit);
+        (
+            passed,
+            state.curr.saturating_sub(limit.saturating_mul(windows)),
+        )
     } else if window_start == state.window_start.saturating_add(period) {
         (state.curr, 0)
     } else {
@@ -99,29 +123,32 @@ impl Algorithm for SlidingWindow {
         let skew = at - now;
         let a = assess(state, at, cost, quota);
         let left = period - a.elapsed;
-        let curr_after = if a.allowed {
+        let charged = a.allowed || quota.charges_always();
+        let curr_after = if charged {
             a.curr.saturating_add(cost)
         } else {
             a.curr
         };
-        // Until the estimate decays to zero: the current window's hits weigh on the next
-        // window too; the previous window's only until this one ends.
-        let reset_after = if curr_after > 0 {
-            skew.saturating_add(left).saturating_add(period)
-        } else if a.prev > 0 {
-            skew.saturating_add(left)
+        let next = if charged && cost > 0 {
+            State {
+                window_start: a.window_start,
+                prev: a.prev,
+                curr: curr_after,
+            }
         } else {
-            0
+            *state
         };
+        let reset_after = reset_after(skew, left, a.prev, curr_after, quota);
         let retry_after = if a.allowed {
             0
         } else if cost > quota.limit {
             period
         } else {
+            // Against the state the decision leaves (a refused charge counts in debt).
             let guess = skew.saturating_add(guess_wait(&a, left, cost, quota));
             earliest(guess, |d| {
-                let later = now.saturating_add(d).max(state.window_start);
-                assess(state, later, cost, quota).allowed
+                let later = now.saturating_add(d).max(next.window_start);
+                assess(&next, later, cost, quota).allowed
             })
         };
         let decision = Decision {
@@ -137,7 +164,19 @@ impl Algorithm for SlidingWindow {
             // Lua: math.ceil(needed)
             used: to_u64(a.needed.ceil()),
         };
-        let next = if a.allowed && cost > 0 {
+        (decision, next)
+    }
+
+    fn refund(state: &State, now: Micros, units: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::refund_of_invalid_quota(), *state);
+        }
+        let period = quota.period;
+        let at = now.max(state.window_start);
+        let skew = at - now;
+        let a = assess(state, at, 0, quota);
+        let curr_after = a.curr.saturating_sub(units);
+        let next = if curr_after != a.curr {
             State {
                 window_start: a.window_start,
                 prev: a.prev,
@@ -146,12 +185,23 @@ impl Algorithm for SlidingWindow {
         } else {
             *state
         };
+        // The estimate after the refund, as `assess` computes it (Lua: the same call).
+        let after = assess(&next, at, 0, quota);
+        let left = period - after.elapsed;
+        let reset_after = reset_after(skew, left, after.prev, after.curr, quota);
+        let decision = Decision {
+            allowed: true,
+            remaining: to_u64((quota.limit as f64 - after.needed).floor()),
+            reset_after,
+            retry_after: 0,
+            used: to_u64(after.needed.ceil()),
+        };
         (decision, next)
     }
 
     fn expires_at(state: &State, quota: &Quota) -> Micros {
         let windows = if state.curr > 0 {
-            2
+            windows_to_pass(state.curr, quota).saturating_add(1)
         } else if state.prev > 0 {
             1
         } else {
@@ -161,6 +211,31 @@ impl Algorithm for SlidingWindow {
             .window_start
             .saturating_add(quota.period.saturating_mul(windows))
     }
+}
+
+/// Until the estimate decays to zero, from a window with `left` to go (plus `skew`):
+/// the current window's hits weigh on the window after the one that passes them on (the
+/// next, or under debt the one where the count is within the limit); the previous
+/// window's only until this one ends.
+fn reset_after(skew: Micros, left: Micros, prev: u64, curr: u64, quota: &Quota) -> Micros {
+    if curr > 0 {
+        let windows = windows_to_pass(curr, quota);
+        skew.saturating_add(left)
+            .saturating_add(quota.period.saturating_mul(windows))
+    } else if prev > 0 {
+        skew.saturating_add(left)
+    } else {
+        0
+    }
+}
+
+/// Window ends a current count of `curr` needs to be all passed on to a previous
+/// window: 1, except in debt, where each passes `limit` on.
+fn windows_to_pass(curr: u64, quota: &Quota) -> u64 {
+    if !quota.charges_always() {
+        return 1;
+    }
+    curr.div_ceil(quota.limit).max(1)
 }
 
 /// Closed-form estimate of the wait (only a starting point for [`earliest`], so its

@@ -12,6 +12,7 @@ fn quota(limit: u64, period: Micros, burst: u64) -> Quota {
         limit,
         period,
         burst,
+        on_over_limit: Default::default(),
     }
 }
 

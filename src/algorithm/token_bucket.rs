@@ -21,6 +21,13 @@
 //!
 //! Over any interval of length `d`, admitted units ≤ `burst + limit × d / period`.
 //!
+//! **`on_over_limit: charge`** (debt): a refused charge is taken too, so the deficit can
+//! pass `burst`; it refills at the same rate, so a debt is paid back at exactly
+//! `limit / period`.
+//!
+//! **Refund** (a negative hit): the tokens given back go into the bucket at once,
+//! never above `burst` (the deficit goes down, never below zero).
+//!
 //! Memory per key: one `f64` deficit and one timestamp, 16 bytes.
 
 use super::{earliest, is_invalid, to_u64, Algorithm, Decision, Micros, Quota};
@@ -68,7 +75,9 @@ impl Algorithm for TokenBucket {
         }
         let deficit = deficit_at(state, now, quota);
         let allowed = fits(deficit, cost, quota);
-        let next = if allowed && cost > 0 {
+        // Debt (`on_over_limit: charge`): a refused charge is taken too.
+        let charged = (allowed || quota.charges_always()) && cost > 0;
+        let next = if charged {
             State {
                 deficit: deficit + cost as f64,
                 last: now.max(state.last),
@@ -82,16 +91,18 @@ impl Algorithm for TokenBucket {
             let fill = quota.burst as f64 * quota.period as f64 / quota.limit as f64;
             to_u64(fill.ceil()).max(1)
         } else {
-            let missing = deficit + cost as f64 - quota.burst as f64;
-            earliest(guess(state, now, missing, quota), |d| {
-                fits(deficit_at(state, now.saturating_add(d), quota), cost, quota)
+            // Against the state the decision leaves (its deficit at `now` is exact).
+            let (basis, basis_deficit) = if charged {
+                (&next, next.deficit)
+            } else {
+                (state, deficit)
+            };
+            let missing = basis_deficit + cost as f64 - quota.burst as f64;
+            earliest(guess(basis, now, missing, quota), |d| {
+                fits(deficit_at(basis, now.saturating_add(d), quota), cost, quota)
             })
         };
-        let deficit_after = if allowed && cost > 0 {
-            next.deficit
-        } else {
-            deficit
-        };
+        let deficit_after = if charged { next.deficit } else { deficit };
         let reset_after = earliest(guess(&next, now, deficit_after, quota), |d| {
             deficit_at(&next, now.saturating_add(d), quota) <= 0.0
         });
@@ -107,6 +118,35 @@ impl Algorithm for TokenBucket {
             retry_after,
             // Lua: math.ceil(deficit + cost)
             used: to_u64((deficit + cost as f64).ceil()),
+        };
+        (decision, next)
+    }
+
+    fn refund(state: &State, now: Micros, units: u64, quota: &Quota) -> (Decision, State) {
+        if is_invalid(quota) {
+            return (Decision::refund_of_invalid_quota(), *state);
+        }
+        let deficit = deficit_at(state, now, quota);
+        // Lua: deficit - units, then clamped at 0 (a full bucket holds `burst`).
+        let deficit_after = (deficit - units as f64).max(0.0);
+        let next = if units > 0 && deficit > 0.0 {
+            State {
+                deficit: deficit_after,
+                last: now.max(state.last),
+            }
+        } else {
+            *state
+        };
+        let reset_after = earliest(guess(&next, now, deficit_after, quota), |d| {
+            deficit_at(&next, now.saturating_add(d), quota) <= 0.0
+        });
+        let decision = Decision {
+            allowed: true,
+            // Lua: math.floor(burst - deficit_after), math.ceil(deficit_after)
+            remaining: to_u64((quota.burst as f64 - deficit_after).floor()),
+            reset_after,
+            retry_after: 0,
+            used: to_u64(deficit_after.ceil()),
         };
         (decision, next)
     }

@@ -43,6 +43,7 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
             limit: 100,
             period: MICROS_PER_SECOND,
             burst: 100,
+            on_over_limit: Default::default(),
         },
     }]
     .into();
@@ -50,6 +51,7 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
         key: CounterKey(0),
         limits,
         cost: 1,
+        refund: false,
     };
     let mut decisions = Vec::with_capacity(1);
     let mut seed = 0u64;

@@ -167,6 +167,16 @@ impl BlockedCache {
     }
 }
 
+impl BlockedCache {
+    /// Drops the block of `counter` under `limits`, if any: hits were given back, so
+    /// the store may admit sooner than its refusal said.
+    pub(crate) fn forget(&self, counter: CounterKey, limits: &[LimitCheck]) {
+        if self.latest_until.load(Ordering::Relaxed) > 0 {
+            self.cache.invalidate(&key(counter, limits));
+        }
+    }
+}
+
 fn key(counter: CounterKey, limits: &[LimitCheck]) -> BlockKey {
     BlockKey {
         counter,
@@ -197,6 +207,7 @@ mod tests {
                 limit,
                 period: 1_000_000,
                 burst: limit,
+                on_over_limit: Default::default(),
             },
         }]
     }
@@ -206,6 +217,7 @@ mod tests {
             key,
             limits: limits.into(),
             cost,
+            refund: false,
         }
     }
 

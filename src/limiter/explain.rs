@@ -28,6 +28,8 @@ pub(crate) struct Explanation {
     pub(crate) counter_key: Option<String>,
     /// Units a request would cost.
     pub(crate) cost: u64,
+    /// The descriptor gives `cost` back (`is_negative_hits`) rather than charging it.
+    pub(crate) refund: bool,
     /// Per limit, what the store would decide now (only when a store was asked).
     pub(crate) would_decide: Vec<DecisionView>,
 }
@@ -62,6 +64,8 @@ pub(crate) struct LimitView {
     pub(crate) burst: Option<u32>,
     /// Store failure mode.
     pub(crate) failure_mode: String,
+    /// `refuse` or `charge` (every charge counts, into debt).
+    pub(crate) on_over_limit: &'static str,
 }
 
 /// One decision, for humans.
@@ -121,6 +125,7 @@ pub(crate) async fn explain<S: Store>(
             rule: None,
             counter_key: None,
             cost: descriptor.hits_addend.unwrap_or(request_cost),
+            refund: false,
             would_decide: Vec::new(),
         };
         match applies {
@@ -137,6 +142,7 @@ pub(crate) async fn explain<S: Store>(
                 } else {
                     explanation.outcome = "limited";
                     explanation.counter_key = Some(check.key.hex());
+                    explanation.refund = check.refund;
                     if let Some(store) = store {
                         let mut decisions = Vec::new();
                         store.peek(&check, &mut decisions).await?;
@@ -169,6 +175,7 @@ fn rule_view(matched: &Matched<'_>) -> RuleView {
                 algorithm: limit.algorithm.as_str(),
                 burst: limit.burst,
                 failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
+                on_over_limit: limit.on_over_limit.as_str(),
             })
             .collect(),
     }

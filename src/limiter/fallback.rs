@@ -68,6 +68,7 @@ impl Fallback {
                         })
                         .collect(),
                     cost: check.cost,
+                    refund: check.refund,
                 };
                 // The memory store cannot fail.
                 let _ = self
@@ -76,7 +77,8 @@ impl Fallback {
                     .await;
             }
             FailureMode::Open | FailureMode::Closed | FailureMode::Error => {
-                let allowed = mode == FailureMode::Open;
+                // A refund is never refused, whoever answers it.
+                let allowed = mode == FailureMode::Open || check.refund;
                 decisions.extend(check.limits.iter().map(|limit| Decision {
                     allowed,
                     remaining: if allowed { limit.quota.limit } else { 0 },

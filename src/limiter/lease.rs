@@ -331,10 +331,12 @@ mod tests {
                     limit: 100,
                     period: 60_000_000,
                     burst: 100,
+                    on_over_limit: Default::default(),
                 },
             }]
             .into(),
             cost,
+            refund: false,
         }
     }
 

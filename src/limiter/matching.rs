@@ -58,7 +58,9 @@ pub(crate) fn match_descriptor<'r>(
         return Applies::Unlimited(matched);
     }
     let hits = descriptor.hits_addend.unwrap_or(request.hits_addend.max(1));
-    let check = store_check(request.domain, &descriptor.entries, &matched, hits);
+    let mut check = store_check(request.domain, &descriptor.entries, &matched, hits);
+    // A refund of nothing is a check of cost 0.
+    check.refund = descriptor.refund && hits > 0;
     Applies::Limited {
         matched,
         check,

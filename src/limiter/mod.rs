@@ -50,6 +50,8 @@ pub struct Descriptor<'a> {
     pub limit_override: Option<LimitOverride>,
     /// Descriptor-level hits addend; `Some(0)` checks without charging.
     pub hits_addend: Option<u64>,
+    /// Envoy's `is_negative_hits`: the descriptor's hits are given back, not charged.
+    pub refund: bool,
 }
 
 /// A request as the limiter sees it.
@@ -89,7 +91,12 @@ pub fn store_check(
             .iter()
             .map(|limit| (limit.algorithm, limit.quota.period)),
     );
-    StoreCheck { key, limits, cost }
+    StoreCheck {
+        key,
+        limits,
+        cost,
+        refund: false,
+    }
 }
 
 /// What applies to one descriptor.
@@ -123,6 +130,16 @@ pub enum LimiterError {
     /// The store failed and a matched rule's failure mode is `error`.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A negative hit on a rule with a `ledger: true` limit: the ledger records admitted
+    /// units only, so a refund there would be undone by the next restore.
+    #[error(
+        "is_negative_hits on rule {rule}, which has a ledger: true limit: refunds are not \
+         recorded in the usage ledger, so they are refused there"
+    )]
+    RefundOnLedger {
+        /// The rule's stats key.
+        rule: String,
+    },
 }
 
 /// Knobs of the reference's request semantics.
@@ -271,6 +288,16 @@ impl<S: Store> Limiter<S> {
         let mut pending = Vec::new();
         let mut checks = Vec::new();
         let replaced = self.match_all(rules, request, &mut verdicts, &mut pending, &mut checks);
+        if let Some(item) = pending
+            .iter()
+            .zip(&checks)
+            .find(|(item, check)| check.refund && item.rule.limits.iter().any(|l| l.ledger))
+            .map(|(item, _)| item)
+        {
+            return Err(LimiterError::RefundOnLedger {
+                rule: item.rule.stats_key.to_string(),
+            });
+        }
         let now = self.clock.now();
         let any_blocked = self
             .answer_locally(
@@ -389,6 +416,12 @@ impl<S: Store> Limiter<S> {
             let item: &mut Pending<'r> = &mut pending[position];
             let check = &checks[position];
             let is_replaced = matching::is_replaced(&item.rule, replaced);
+            // A refund always reaches the store (no local layer gives hits back), and so
+            // does a charge that counts even when refused (`on_over_limit: charge`).
+            if (check.refund || must_reach_store(check)) && !is_replaced {
+                position += 1;
+                continue;
+            }
             let blocked = if is_replaced || !self.uses_blocked_cache(&item.rule) {
                 None
             } else {
@@ -523,7 +556,7 @@ impl<S: Store> Limiter<S> {
             let at = offset;
             offset += check.limits.len();
             let by_the_store = by_store.is_none_or(|by_store| by_store[position]);
-            if !restorable(&item.rule) || check.cost == 0 || !by_the_store {
+            if !restorable(&item.rule) || check.cost == 0 || check.refund || !by_the_store {
                 continue;
             }
             let limit = &item.rule.limits[0];
@@ -570,6 +603,7 @@ impl<S: Store> Limiter<S> {
             key: check.key,
             limits: check.limits.clone(),
             cost: 0,
+            refund: false,
         };
         let mut seen = Vec::new();
         let looked = within(deadline, &self.metrics, self.store.peek(&probe, &mut seen));
@@ -679,6 +713,11 @@ impl<S: Store> Limiter<S> {
         let mut over = Vec::with_capacity(checks.len());
         let mut decisions = Vec::new();
         for check in checks.iter() {
+            // A refund is never over, and is given back whatever the others do.
+            if check.refund {
+                over.push(false);
+                continue;
+            }
             decisions.clear();
             within(
                 deadline,
@@ -690,7 +729,9 @@ impl<S: Store> Limiter<S> {
         }
         if already_over || over.contains(&true) {
             for (check, over) in checks.iter_mut().zip(over) {
-                if !over {
+                // Refunds and charges that always count (`on_over_limit: charge`) keep
+                // their cost.
+                if !over && !check.refund && !must_reach_store(check) {
                     check.cost = 0;
                 }
             }
@@ -729,6 +770,9 @@ impl<S: Store> Limiter<S> {
         let Some(decision) = decisions.get(limit_index).copied() else {
             return Verdict::NoLimit;
         };
+        if check.refund {
+            return self.refunded(item, check, limit_index, decision, decided_by);
+        }
         if decided_by == DecidedBy::Store {
             if item.precheck_charge {
                 self.precheck
@@ -746,6 +790,36 @@ impl<S: Store> Limiter<S> {
         }
         let limit = check.limits.get(limit_index).map_or(0, |l| l.quota.limit);
         self.record(item, limit_index, decision, limit)
+    }
+
+    /// The verdict of a refund: OK with the state it left. What the local layers hold
+    /// of the key (a refusal, this instance's own count) is older than the hits it gave
+    /// back: forgotten, so that they never refuse what the store would now admit.
+    fn refunded<'r>(
+        &self,
+        item: Pending<'r>,
+        check: &StoreCheck,
+        limit_index: usize,
+        decision: Decision,
+        decided_by: DecidedBy,
+    ) -> Verdict<'r> {
+        if decided_by == DecidedBy::Store {
+            self.blocked.forget(check.key, &check.limits);
+            if self.precheck_on {
+                self.precheck.forget(check.key, &check.limits);
+            }
+        }
+        let counters = self
+            .metrics
+            .rule_counters(&item.rule.domain, &item.stats_label);
+        counters.add(RuleStat::RefundedHits, check.cost);
+        counters.decision("refund");
+        Verdict::Limited(Limited {
+            rule: item.rule,
+            limit_index,
+            decision,
+            over_limit: false,
+        })
     }
 
     /// Records a decided descriptor's statistics and builds its verdict.
@@ -842,6 +916,16 @@ fn longest_block(rule: &Rule) -> Micros {
     }
 }
 
+/// Whether `check` charges a limit whose every charge counts (`on_over_limit: charge`):
+/// a local refusal would lose the charge, so it goes to the store.
+fn must_reach_store(check: &StoreCheck) -> bool {
+    check.cost > 0
+        && check
+            .limits
+            .iter()
+            .any(|limit| limit.quota.charges_always())
+}
+
 /// Who decided a check: only the store's answers feed the local layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DecidedBy {
@@ -909,7 +993,8 @@ fn record_usage(ledger: &Ledger, usage: &Usage<'_>, decisions: &[Decision], now:
         check,
         decided_by,
     } = usage;
-    if check.cost == 0 || !rule.limits.iter().any(|limit| limit.ledger) {
+    // A refund is not written: the ledger's rows are positive (schema version 1).
+    if check.cost == 0 || check.refund || !rule.limits.iter().any(|limit| limit.ledger) {
         return;
     }
     if !decisions.iter().all(|decision| decision.allowed) {

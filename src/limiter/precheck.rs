@@ -98,6 +98,12 @@ impl Precheck {
         }
     }
 
+    /// Drops this instance's view of `counter` under `limits`: hits were given back
+    /// at the store, which this view did not see.
+    pub(crate) fn forget(&self, counter: CounterKey, limits: &[LimitCheck]) {
+        self.cache.invalidate(&(counter, fingerprint(limits)));
+    }
+
     /// Counts a check of `counter` at `now` and says whether this instance alone has
     /// used up one of its limits ([`Before::Refused`]), or else whether the store's
     /// answer is to be charged ([`Before::Hot`]).

@@ -86,6 +86,7 @@ fn request<'a>(key: &'a str) -> CheckRequest<'a> {
             entries: vec![Entry { key, value: "v" }],
             limit_override: None,
             hits_addend: None,
+            refund: false,
         }],
         hits_addend: 0,
     }

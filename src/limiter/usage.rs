@@ -64,6 +64,7 @@ impl<S: Store> Limiter<S> {
                 entries: entries.to_vec(),
                 limit_override: None,
                 hits_addend: Some(0),
+                refund: false,
             }],
             hits_addend: 0,
         };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::schema::{RawDescriptor, RawRateLimit};
 use super::{ConfigError, FailureMode, Lease, LeaseMode, Limit, Unit};
-use crate::algorithm::AlgorithmKind;
+use crate::algorithm::{AlgorithmKind, OnOverLimit};
 
 /// Shortest and longest `lease_ttl`.
 const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
@@ -242,6 +242,7 @@ fn limit(
     if ledger {
         ledger_fits(file, path, algorithm, &lease, errors);
     }
+    let on_over_limit = on_over_limit(file, path, raw, algorithm, lease, errors);
     (errors.len() == before).then_some(Limit {
         requests_per_unit,
         unit,
@@ -250,6 +251,7 @@ fn limit(
         failure_mode,
         lease,
         ledger,
+        on_over_limit,
     })
 }
 
@@ -284,6 +286,49 @@ fn ledger_fits(
              used and may be returned, so they cannot be recorded as admitted",
         ));
     }
+}
+
+/// `on_over_limit`: `refuse` (default) or `charge` (every charge counts, into debt),
+/// with the algorithms and options that can keep a debt.
+fn on_over_limit(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    algorithm: AlgorithmKind,
+    lease: Lease,
+    errors: &mut Vec<ConfigError>,
+) -> OnOverLimit {
+    let path = format!("{path}.on_over_limit");
+    let mode = match raw.on_over_limit.as_deref().unwrap_or_default() {
+        "" | "refuse" => return OnOverLimit::Refuse,
+        "charge" => OnOverLimit::Charge,
+        other => {
+            errors.push(ConfigError::sluice(
+                file,
+                &path,
+                format!("unknown on_over_limit '{other}' (expected refuse or charge)"),
+            ));
+            return OnOverLimit::Refuse;
+        }
+    };
+    if algorithm == AlgorithmKind::SlidingLog {
+        errors.push(ConfigError::sluice(
+            file,
+            &path,
+            "on_over_limit: charge is not supported by sliding_log: its log dates every \
+             unit, so a debt would be one entry per unit charged (use sliding_window, \
+             token_bucket or gcra)",
+        ));
+    }
+    if lease.mode != LeaseMode::Off {
+        errors.push(ConfigError::sluice(
+            file,
+            &path,
+            "on_over_limit: charge cannot be leased: a lease admits locally what fits, \
+             and a charge that does not fit must reach the store",
+        ));
+    }
+    mode
 }
 
 /// `lease` and `lease_ttl`: which algorithms can lease, and sizes that can be granted.

@@ -26,7 +26,7 @@ pub(crate) use load::read_config_path;
 pub use model::*;
 pub(crate) use stats_name::stats_name;
 
-use crate::algorithm::AlgorithmKind;
+use crate::algorithm::{AlgorithmKind, OnOverLimit};
 use compile::Builder;
 use index::Level;
 
@@ -146,6 +146,7 @@ fn dump_line(rule: &Rule) -> String {
                 || limit.failure_mode != FailureMode::Open
                 || limit.lease.mode != LeaseMode::Off
                 || limit.ledger
+                || limit.on_over_limit != OnOverLimit::Refuse
         });
     if extended {
         let limits: Vec<String> = rule
@@ -173,6 +174,10 @@ fn dump_line(rule: &Rule) -> String {
                 }
                 if limit.ledger {
                     text.push_str(" ledger");
+                }
+                if limit.on_over_limit != OnOverLimit::Refuse {
+                    text.push_str(" on_over_limit=");
+                    text.push_str(limit.on_over_limit.as_str());
                 }
                 text
             })
@@ -218,6 +223,7 @@ fn override_match<'r>(
             failure_mode: FailureMode::Open,
             lease: Lease::default(),
             ledger: false,
+            on_over_limit: OnOverLimit::Refuse,
         }],
         unlimited: false,
         shadow_mode: false,

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::algorithm::{AlgorithmKind, Quota, MICROS_PER_SECOND};
+use crate::algorithm::{AlgorithmKind, OnOverLimit, Quota, MICROS_PER_SECOND};
 
 /// Time unit of a limit. Month is 30 days and year 365 days, as in the reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -137,6 +137,8 @@ pub struct Limit {
     pub(crate) lease: Lease,
     /// Every unit the store admits is recorded in the usage ledger (`ledger: true`).
     pub(crate) ledger: bool,
+    /// `on_over_limit`: whether a charge that does not fit still counts (debt).
+    pub(crate) on_over_limit: OnOverLimit,
 }
 
 impl Limit {
@@ -146,6 +148,7 @@ impl Limit {
             limit: u64::from(self.requests_per_unit),
             period: self.unit.micros(),
             burst: u64::from(self.burst.unwrap_or(self.requests_per_unit)),
+            on_over_limit: self.on_over_limit,
         }
     }
 }

@@ -50,6 +50,7 @@ const VALID_KEYS: &[&str] = &[
     "lease",
     "lease_ttl",
     "ledger",
+    "on_over_limit",
 ];
 
 /// The root of a file.
@@ -99,6 +100,9 @@ pub(crate) struct RawRateLimit {
     pub(crate) lease_ttl: Option<String>,
     /// Sluice: record every admitted unit in the usage ledger (PostgreSQL).
     pub(crate) ledger: Option<bool>,
+    /// Sluice: `refuse` (default) or `charge`: whether a charge that does not fit
+    /// still counts (debt).
+    pub(crate) on_over_limit: Option<String>,
 }
 
 /// One item of `replaces`.

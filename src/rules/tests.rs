@@ -432,6 +432,42 @@ fn zero_prefixed_numbers_load_as_in_the_reference() {
 }
 
 #[test]
+fn on_over_limit_compiles_shows_and_is_validated() {
+    let rules = compile(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket, on_over_limit: charge}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 100, on_over_limit: refuse}\n",
+    )
+    .expect("compiles");
+    let mode_of = |key: &str| match rules.lookup("d", &entries(&[(key, "v")]), None) {
+        Lookup::Matched(m) => m.rule.limits[0].quota().on_over_limit,
+        _ => panic!("no match"),
+    };
+    assert_eq!(mode_of("a"), crate::algorithm::OnOverLimit::Charge);
+    assert_eq!(mode_of("b"), crate::algorithm::OnOverLimit::Refuse);
+    let lines = rules.dump_lines();
+    assert!(
+        lines.iter().any(|l| l.contains("on_over_limit=charge")),
+        "{lines:?}"
+    );
+    // The default is not shown: a reference rule's line stays the reference's.
+    assert!(!lines.iter().any(|l| l.contains("on_over_limit=refuse")));
+    let cases = [
+        (
+            "{unit: second, requests_per_unit: 5, on_over_limit: always}",
+            "unknown on_over_limit 'always' (expected refuse or charge)",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, algorithm: sliding_log, on_over_limit: charge}",
+            "not supported by sliding_log",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, lease: 2, on_over_limit: charge}",
+            "on_over_limit: charge cannot be leased",
+        ),
+    ];
+    assert_limit_errors(&cases, "descriptors[0].rate_limit.on_over_limit");
+}
+
+#[test]
 fn ledger_needs_a_fixed_window_and_no_lease() {
     let rules = compile(
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: month, requests_per_unit: 100, ledger: true}\n",

@@ -143,7 +143,12 @@ impl<S: Store> Service<S> {
             .limiter
             .check_within(&rule_set.rules, &check, deadline)
             .await
-            .map_err(|LimiterError::Store(error)| ServiceError::Store(error))?;
+            .map_err(|error| match error {
+                LimiterError::Store(error) => ServiceError::Store(error),
+                refused @ LimiterError::RefundOnLedger { .. } => {
+                    ServiceError::InvalidArgument(refused.to_string())
+                }
+            })?;
         if let Some(debug) = &self.debug {
             debug.observe(&check, &verdicts, self.options.global_shadow_mode);
         }

@@ -92,10 +92,24 @@ pub(crate) fn to_check_request<'a>(
                 })?,
             }),
         };
+        // A negative hit gives back the descriptor's own hits. Without them, it would
+        // give back what the request-level `hits_addend` charges: a negative and a
+        // positive cost for one descriptor, refused rather than guessed.
+        if descriptor.is_negative_hits
+            && descriptor.hits_addend.is_none()
+            && request.hits_addend > 0
+        {
+            return Err(invalid(format!(
+                "descriptor {index}: is_negative_hits with the request's positive hits_addend \
+                 ({}) and no hits_addend of its own: a negative and a positive cost",
+                request.hits_addend
+            )));
+        }
         descriptors.push(Descriptor {
             entries,
             limit_override,
             hits_addend: descriptor.hits_addend,
+            refund: descriptor.is_negative_hits,
         });
     }
     Ok(CheckRequest {

@@ -113,7 +113,8 @@ impl MemoryStore {
         let mut shard = lock(&self.shards[shard_index(check)]);
         let first = decisions.len();
         for (index, limit) in check.limits.iter().enumerate() {
-            let (decision, _) = shard.decide(check.key.for_limit(index), limit, check.cost, now);
+            let key = check.key.for_limit(index);
+            let (decision, _) = shard.decide(key, limit, check, now);
             decisions.push(decision);
         }
         if !commit {
@@ -121,13 +122,15 @@ impl MemoryStore {
         }
         let all_allowed = decisions[first..].iter().all(|d| d.allowed);
         // A refused single limit still commits: fixed window counts refused hits, and
-        // the other algorithms return their state unchanged.
-        if !all_allowed && check.limits.len() > 1 {
-            return;
-        }
+        // the other algorithms return their state unchanged. Of several limits, a
+        // refusal commits only those whose every charge counts (`on_over_limit: charge`).
+        let each = all_allowed || check.limits.len() == 1;
         for (index, limit) in check.limits.iter().enumerate() {
+            if !each && !limit.quota.charges_always() {
+                continue;
+            }
             let key = check.key.for_limit(index);
-            let (_, next) = shard.decide(key, limit, check.cost, now);
+            let (_, next) = shard.decide(key, limit, check, now);
             let expires_at = algorithm::expires_at(&next, &limit.quota);
             let evicted = shard.insert(key, next, expires_at, now, self.shard_capacity);
             if evicted {
@@ -166,22 +169,28 @@ impl Store for MemoryStore {
 // === impl Shard ===
 
 impl Shard {
-    /// Decides `limit` for `key` from its stored state, or a fresh one when the key is
-    /// absent or expired.
+    /// Decides `limit` of `check` for `key` (its charge or its refund) from its stored
+    /// state, or a fresh one when the key is absent or expired.
     fn decide(
         &self,
         key: LimitKey,
         limit: &LimitCheck,
-        cost: u64,
+        check: &StoreCheck,
         now: Micros,
     ) -> (Decision, State) {
+        // A refund of nothing is a check of cost 0, as Redis decides it.
+        let apply = if check.refund && check.cost > 0 {
+            algorithm::refund
+        } else {
+            algorithm::decide
+        };
         match self.get(key) {
             Some(slot) if slot.expires_at > now => {
-                algorithm::decide(limit.algorithm, &slot.state, now, cost, &limit.quota)
+                apply(limit.algorithm, &slot.state, now, check.cost, &limit.quota)
             }
             _ => {
                 let fresh = State::fresh(limit.algorithm);
-                algorithm::decide(limit.algorithm, &fresh, now, cost, &limit.quota)
+                apply(limit.algorithm, &fresh, now, check.cost, &limit.quota)
             }
         }
     }

@@ -31,8 +31,12 @@ pub struct StoreCheck {
     /// The limits, in rule order. Limit `i` lives at `key.for_limit(i)`. Shared, so a
     /// store that hands checks to another task (the Redis batcher) copies no list.
     pub limits: Arc<[LimitCheck]>,
-    /// Units this request costs (0 = check without charging).
+    /// Units this request costs (0 = check without charging), or, for a refund, the
+    /// units it gives back.
     pub cost: u64,
+    /// A negative hit: `cost` units are given back ([`crate::algorithm::refund`]),
+    /// never refused.
+    pub refund: bool,
 }
 
 /// A lease call (DESIGN §6, layer 3) for one single-limit check: return what is unused
@@ -121,9 +125,11 @@ impl StoreError {
 /// A place where counters live.
 ///
 /// Semantics every store implements identically: for each check, every limit is
-/// decided at the store's current time; if all allow, every limit is charged `cost`;
-/// if any refuses, none is charged, except that a rule with a single fixed-window limit
-/// charges a refused request (the reference's behaviour; the limiter's
+/// decided at the store's current time (a refund gives `cost` back to every limit, and
+/// is never refused); if all allow, every limit is charged `cost`;
+/// if any refuses, none is charged, except the limits with `on_over_limit: charge`
+/// (every charge counts: [`crate::algorithm::OnOverLimit::Charge`]), and except that a
+/// rule with a single fixed-window limit charges a refused request (the reference's behaviour; the limiter's
 /// `stop_increment_when_over_limit` setting decides before it charges).
 pub trait Store: Send + Sync + 'static {
     /// Decides `checks`, appending one decision per limit, in order, to `decisions`

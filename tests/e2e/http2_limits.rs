@@ -35,6 +35,7 @@ fn request() -> RateLimitRequest {
             }],
             limit: None,
             hits_addend: None,
+            is_negative_hits: false,
         }],
         hits_addend: 0,
     }

@@ -2,7 +2,9 @@
 //! dispatch API (`algorithm::decide`), on generated quotas and (time step, cost) sequences.
 
 use proptest::prelude::*;
-use sluice::algorithm::{decide, expires_at, AlgorithmKind, Decision, Micros, Quota, State};
+use sluice::algorithm::{
+    decide, expires_at, refund, AlgorithmKind, Decision, Micros, OnOverLimit, Quota, State,
+};
 
 const T0: Micros = 1_800_000_000_000_000;
 const KINDS: [AlgorithmKind; 5] = AlgorithmKind::ALL;
@@ -32,6 +34,7 @@ fn quota() -> impl Strategy<Value = Quota> {
         limit,
         period,
         burst,
+        on_over_limit: Default::default(),
     })
 }
 
@@ -281,12 +284,15 @@ proptest! {
     #[test]
     fn never_panics(
         kind in kind(), limit in any::<u64>(), period in any::<u64>(), burst in any::<u64>(),
-        times in prop::collection::vec((any::<u64>(), any::<u64>()), 1..8),
+        debt in any::<bool>(),
+        times in prop::collection::vec((any::<u64>(), any::<u64>(), any::<bool>()), 1..8),
     ) {
-        let quota = Quota { limit, period, burst };
+        let on_over_limit = if debt { OnOverLimit::Charge } else { OnOverLimit::Refuse };
+        let quota = Quota { limit, period, burst, on_over_limit };
         let mut state = State::fresh(kind);
-        for (now, cost) in times {
-            state = decide(kind, &state, now, cost, &quota).1;
+        for (now, cost, give_back) in times {
+            let apply = if give_back { refund } else { decide };
+            state = apply(kind, &state, now, cost, &quota).1;
             let _ = expires_at(&state, &quota);
         }
     }

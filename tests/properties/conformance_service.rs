@@ -250,10 +250,12 @@ impl Harness {
                     limit,
                     period: unit.micros(),
                     burst: limit,
+                    on_over_limit: Default::default(),
                 },
             }]
             .into(),
             cost: hits,
+            refund: false,
         };
         let mut decisions = Vec::new();
         self.store
@@ -811,6 +813,7 @@ fn wire_descriptor(
             .collect(),
         limit: None,
         hits_addend,
+        is_negative_hits: false,
     }
 }
 

@@ -126,6 +126,7 @@ async fn local_layers_only_refuse_what_the_store_refuses() {
                     entries: entries.to_vec(),
                     limit_override: None,
                     hits_addend: Some(cost),
+                    refund: false,
                 }],
                 hits_addend: 0,
             };

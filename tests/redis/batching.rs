@@ -36,10 +36,12 @@ fn check(domain: &str, value: &str) -> StoreCheck {
                 limit: 1_000,
                 period: DAY,
                 burst: 1_000,
+                on_over_limit: Default::default(),
             },
         }]
         .into(),
         cost: 1,
+        refund: false,
     }
 }
 

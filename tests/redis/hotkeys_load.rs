@@ -105,6 +105,7 @@ async fn run(server: &TestServer, redis: Option<&RedisServer>, key: &str, distin
                             }],
                             limit: None,
                             hits_addend: None,
+                            is_negative_hits: false,
                         }],
                         hits_addend: 1,
                     };

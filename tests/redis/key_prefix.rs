@@ -29,6 +29,7 @@ fn check(value: &str, algorithm: AlgorithmKind) -> StoreCheck {
             limit: 2,
             period: DAY,
             burst: 2,
+            on_over_limit: Default::default(),
         },
     }]
     .into();
@@ -36,6 +37,7 @@ fn check(value: &str, algorithm: AlgorithmKind) -> StoreCheck {
         key: CounterKey::new("d", &[Entry { key: "user", value }], &[], []),
         limits,
         cost: 1,
+        refund: false,
     }
 }
 

@@ -84,10 +84,12 @@ fn spawn_calls(
                         limit: 10,
                         period: 1_000_000,
                         burst: 10,
+                        on_over_limit: Default::default(),
                     },
                 }]
                 .into(),
                 cost: 1,
+                refund: false,
             };
             let started = Instant::now();
             let mut decisions = Vec::new();

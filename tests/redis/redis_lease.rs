@@ -49,10 +49,12 @@ fn check(key: u128, algorithm: AlgorithmKind, cost: u64) -> StoreCheck {
                 limit: 100,
                 period: 3_600_000_000,
                 burst: 100,
+                on_over_limit: Default::default(),
             },
         }]
         .into(),
         cost,
+        refund: false,
     }
 }
 
@@ -245,6 +247,7 @@ async fn accuracy(store: &str, url: &str) {
                         }],
                         limit: None,
                         hits_addend: None,
+                        is_negative_hits: false,
                     }],
                     hits_addend: 1,
                 };
@@ -329,6 +332,7 @@ async fn refilling_buckets_never_admit_beyond_their_guarantee() {
                                 }],
                                 limit: None,
                                 hits_addend: None,
+                                is_negative_hits: false,
                             }],
                             hits_addend: 1,
                         };
@@ -407,6 +411,7 @@ fn back_request() -> RateLimitRequest {
             }],
             limit: None,
             hits_addend: None,
+            is_negative_hits: false,
         }],
         hits_addend: 1,
     }

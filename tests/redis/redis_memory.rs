@@ -47,10 +47,12 @@ async fn memory_usage_per_key() {
                     limit: 1000,
                     period: 3_600_000_000,
                     burst: 1000,
+                    on_over_limit: Default::default(),
                 },
             }]
             .into(),
             cost: 1,
+            refund: false,
         };
         for _ in 0..requests {
             let mut out = Vec::new();

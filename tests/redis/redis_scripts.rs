@@ -1,12 +1,12 @@
 //! The Lua script against the Rust algorithms: identical seeded random operation
-//! sequences go to the memory store (which runs `src/algorithm/`) on a manual clock and
+//! sequences (charges, peeks and refunds, on limits that refuse or go into debt) go to the memory store (which runs `src/algorithm/`) on a manual clock and
 //! to the script on a real redis-server with the same injected time; every field of
 //! every decision must match.
 
 use std::sync::Arc;
 
 use sluice::algorithm::token_bucket::{State, TokenBucket};
-use sluice::algorithm::{Algorithm, AlgorithmKind, Decision, Micros, Quota};
+use sluice::algorithm::{Algorithm, AlgorithmKind, Decision, Micros, OnOverLimit, Quota};
 use sluice::clock::ManualClock;
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisMode;
@@ -30,6 +30,15 @@ impl Rng {
     }
 }
 
+/// `limit` under `on_over_limit: charge` now and then (debt), where its algorithm
+/// takes it (not the sliding log).
+fn maybe_in_debt(rng: &mut Rng, mut limit: LimitCheck) -> LimitCheck {
+    if limit.algorithm != AlgorithmKind::SlidingLog && rng.below(3) == 0 {
+        limit.quota.on_over_limit = OnOverLimit::Charge;
+    }
+    limit
+}
+
 fn quota(rng: &mut Rng) -> Quota {
     let period = match rng.below(5) {
         0 => 1 + rng.below(10),
@@ -43,6 +52,7 @@ fn quota(rng: &mut Rng) -> Quota {
         limit: rng.below(21),
         period,
         burst: 1 + rng.below(30),
+        on_over_limit: Default::default(),
     }
 }
 
@@ -81,13 +91,16 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
             1 + rng.below(3) as usize
         };
         let limits: Vec<LimitCheck> = (0..nlimits)
-            .map(|i| LimitCheck {
-                algorithm: if seed <= 250 && i == 0 {
-                    KINDS[(seed % 5) as usize]
-                } else {
-                    KINDS[rng.below(5) as usize]
-                },
-                quota: quota(&mut rng),
+            .map(|i| {
+                let limit = LimitCheck {
+                    algorithm: if seed <= 250 && i == 0 {
+                        KINDS[(seed % 5) as usize]
+                    } else {
+                        KINDS[rng.below(5) as usize]
+                    },
+                    quota: quota(&mut rng),
+                };
+                maybe_in_debt(&mut rng, limit)
             })
             .collect();
         let key = CounterKey(u128::from(seed) << 64 | u128::from(rng.next()));
@@ -110,12 +123,15 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
                 1 | 2 => 1,
                 _ => rng.below(36),
             };
+            let peek = rng.below(8) == 0;
+            // A negative hit now and then: every algorithm's refund, Lua against Rust.
+            let refund = !peek && rng.below(5) == 0;
             let check = StoreCheck {
                 key,
                 limits: limits.clone().into(),
                 cost,
+                refund,
             };
-            let peek = rng.below(8) == 0;
             let mut expected: Vec<Decision> = Vec::new();
             let mut actual: Vec<Decision> = Vec::new();
             if peek {
@@ -137,7 +153,7 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
                 .expect("redis");
             assert_eq!(
                 expected, actual,
-                "seed {seed} step {step}: limits {limits:?} cost {cost} peek {peek}"
+                "seed {seed} step {step}: limits {limits:?} cost {cost} peek {peek} refund {refund}"
             );
             compared += 1;
         }
@@ -162,9 +178,12 @@ async fn one_call_decides_many_checks_in_order() {
             .iter()
             .map(|_| {
                 (0..1 + rng.below(2))
-                    .map(|_| LimitCheck {
-                        algorithm: KINDS[rng.below(5) as usize],
-                        quota: quota(&mut rng),
+                    .map(|_| {
+                        let limit = LimitCheck {
+                            algorithm: KINDS[rng.below(5) as usize],
+                            quota: quota(&mut rng),
+                        };
+                        maybe_in_debt(&mut rng, limit)
                     })
                     .collect()
             })
@@ -178,6 +197,8 @@ async fn one_call_decides_many_checks_in_order() {
                         key: keys[i],
                         limits: specs[i].clone().into(),
                         cost: rng.below(4),
+                        // Refunds among the charges of one call, decided in order.
+                        refund: rng.below(4) == 0,
                     }
                 })
                 .collect();
@@ -207,11 +228,13 @@ async fn a_call_of_thousands_of_keys_reads_every_state() {
         limit: 3,
         period: 60_000_000,
         burst: 3,
+        on_over_limit: Default::default(),
     };
     let check = |key: u128, algorithm| StoreCheck {
         key: CounterKey(50_000 + key),
         limits: vec![LimitCheck { algorithm, quota }].into(),
         cost: 1,
+        refund: false,
     };
     let algorithm_of = |key: u128| KINDS[(key % 5) as usize];
     // Round 1 stores a state under each of 1 200 keys; round 2 reads them back in an
@@ -252,6 +275,7 @@ async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
         limit: 10,
         period: 60_000_000,
         burst: 10,
+        on_over_limit: Default::default(),
     };
     for (store, base) in [(&functions, 0u128), (&scripts, 1_000_000u128)] {
         for (k, algorithm) in KINDS.into_iter().enumerate() {
@@ -261,6 +285,7 @@ async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
                 key: CounterKey(base + key),
                 limits: vec![LimitCheck { algorithm, quota }].into(),
                 cost: 1,
+                refund: false,
             };
             let delete = |key: u128| store_raw(&server, CounterKey(base + key), &["DEL"]);
             // Each call: (the keys Redis sees, the keys the memory store sees).
@@ -352,10 +377,12 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                         limit: 5,
                         period: 1_000_000,
                         burst: 5,
+                        on_over_limit: Default::default(),
                     },
                 }]
                 .into(),
                 cost: 2,
+                refund: false,
             };
             store_raw(&server, key, command);
             let fresh = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
@@ -409,10 +436,12 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
                     limit: big,
                     period: 1_000_000,
                     burst: big,
+                    on_over_limit: Default::default(),
                 },
             }]
             .into(),
             cost,
+            refund: false,
         };
         let decide = |cost: u64| {
             let (redis, memory) = (&redis, &memory);
@@ -473,6 +502,7 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
         limit: 5,
         period: 1_000_000,
         burst: 5,
+        on_over_limit: Default::default(),
     };
     let huge_member = "99999999999999999999999999999999999999999999:1";
     let cases: [(AlgorithmKind, &[&str]); 6] = [
@@ -491,6 +521,7 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
             key,
             limits: vec![LimitCheck { algorithm, quota }].into(),
             cost: 2,
+            refund: false,
         };
         store_raw(&server, damaged, command);
         let memory = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
@@ -565,6 +596,7 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         limit: 10,
         period: 1_000_000,
         burst: 10,
+        on_over_limit: Default::default(),
     };
     let key = CounterKey(7);
     let check = StoreCheck {
@@ -575,6 +607,7 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         }]
         .into(),
         cost: 1,
+        refund: false,
     };
     let name = sluice::store::redis::script::limit_key(&Default::default(), key, 0);
     server.cli(&["SET", &name, "t 9.25 1800000000000000"]);
@@ -634,10 +667,12 @@ async fn a_sliding_log_check_costs_redis_the_same_whatever_its_length() {
                 limit: 1_000,
                 period: 3_600_000_000,
                 burst: 1_000,
+                on_over_limit: Default::default(),
             },
         }]
         .into(),
         cost: 1,
+        refund: false,
     };
     let start: Micros = 1_800_000_000_000_000;
     let (full, short) = (check(1), check(2));

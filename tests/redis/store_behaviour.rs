@@ -25,6 +25,7 @@ fn limit(algorithm: AlgorithmKind, limit: u64, burst: u64) -> LimitCheck {
             limit,
             period: DAY,
             burst,
+            on_over_limit: Default::default(),
         },
     }
 }
@@ -56,6 +57,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             key: key(run, kind.as_str()),
             limits: vec![limit(kind, 5, 5)].into(),
             cost: 1,
+            refund: false,
         };
         let mut allowed = 0;
         for _ in 0..7 {
@@ -72,9 +74,11 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             key: k,
             limits: vec![limit(kind, 10, 10)].into(),
             cost: 0,
+            refund: false,
         };
         let heavy = StoreCheck {
             cost: 3,
+            refund: false,
             ..probe.clone()
         };
         for _ in 0..3 {
@@ -102,6 +106,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             key: k,
             limits: vec![limit(kind, 3, 3), limit(AlgorithmKind::FixedWindow, 10, 10)].into(),
             cost: 1,
+            refund: false,
         };
         for i in 0..6 {
             let d = one(store, &check).await;
@@ -123,6 +128,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         key: key(run, "fixed-refused"),
         limits: vec![limit(AlgorithmKind::FixedWindow, 2, 2)].into(),
         cost: 1,
+        refund: false,
     };
     let mut used = Vec::new();
     for _ in 0..4 {
@@ -138,6 +144,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             key: key(run, &format!("spread-{}", i % 25)),
             limits: vec![limit(KINDS[i % 5], 1, 1)].into(),
             cost: 1,
+            refund: false,
         })
         .collect();
     let mut out = Vec::new();
@@ -175,6 +182,7 @@ async fn memory_redis_and_cluster_answer_alike() {
         key: key("shared", "socket"),
         limits: vec![limit(AlgorithmKind::FixedWindow, 5, 5)].into(),
         cost: 1,
+        refund: false,
     };
     one(&over_socket, &shared).await;
     let second = one(&over_tcp, &shared).await;
@@ -239,6 +247,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
         key: joined,
         limits: limits.clone(),
         cost: 3,
+        refund: false,
     };
     assert!(one(&redis, &drain).await[0].allowed);
     assert!(!one(&redis, &drain).await[0].allowed);
@@ -246,6 +255,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
         key: split,
         limits,
         cost: 1,
+        refund: false,
     };
     let d = one(&redis, &victim).await;
     assert!(d[0].allowed);

@@ -154,6 +154,7 @@ async fn admitted(
                     }],
                     limit: None,
                     hits_addend: None,
+                    is_negative_hits: false,
                 }],
                 hits_addend: case.hits,
             };

@@ -28,6 +28,7 @@ fn request(key: &str, value: &str) -> RateLimitRequest {
             }],
             limit: None,
             hits_addend: None,
+            is_negative_hits: false,
         }],
         hits_addend: 0,
     }

@@ -30,6 +30,7 @@ fn request(n: u64) -> RateLimitRequest {
             }],
             limit: None,
             hits_addend: None,
+            is_negative_hits: false,
         }],
         hits_addend: 0,
     }

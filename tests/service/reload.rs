@@ -35,6 +35,7 @@ fn request(domain: &str, value: &str, hits: Option<u64>) -> RateLimitRequest {
             }],
             limit: None,
             hits_addend: hits,
+            is_negative_hits: false,
         }],
         hits_addend: 0,
     }

@@ -50,6 +50,7 @@ fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             .collect(),
         limit: None,
         hits_addend: None,
+        is_negative_hits: false,
     }
 }
 
@@ -594,5 +595,154 @@ async fn the_longest_wait_of_a_descriptors_limits_is_answered() {
         header(&refused, "Retry-After"),
         Some(reset.to_string().as_str())
     );
+    server.stop().await;
+}
+
+/// A negative hit (Envoy 1.40's `is_negative_hits`) gives its hits back on every
+/// algorithm: a limit used up admits again at once, the refund itself is OK (never
+/// refused, even against a used-up limit), and it is counted as a refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_hits_give_back_on_every_algorithm() {
+    let server = start_early_in_a_minute().await;
+    // The fixed window counts the refused hit too (the reference's semantics): one more
+    // to give back there.
+    for (key, capacity, given_back) in [
+        ("fixed", 3, 3),
+        ("sliding", 3, 2),
+        ("log", 3, 2),
+        ("bucket", 5, 2),
+        ("gcra", 3, 2),
+        ("multi", 2, 2),
+    ] {
+        let charge = |hits: u64, negative: bool| {
+            let mut request = request(&[(key, "refunded")]);
+            request.descriptors[0].hits_addend = Some(hits);
+            request.descriptors[0].is_negative_hits = negative;
+            request
+        };
+        let used_up = call(&server, charge(capacity, false)).await.expect("call");
+        assert_eq!(used_up.overall_code, OK, "{key}");
+        let over = call(&server, charge(1, false)).await.expect("call");
+        assert_eq!(over.overall_code, OVER, "{key}: used up");
+        let refund = call(&server, charge(given_back, true)).await.expect("call");
+        assert_eq!(refund.overall_code, OK, "{key}: a refund is never refused");
+        assert_eq!(refund.statuses[0].limit_remaining, 2, "{key}: two back");
+        for round in 0..2 {
+            let again = call(&server, charge(1, false)).await.expect("call");
+            assert_eq!(again.overall_code, OK, "{key}: given back, round {round}");
+        }
+        let over = call(&server, charge(1, false)).await.expect("call");
+        assert_eq!(
+            over.overall_code, OVER,
+            "{key}: no more than was given back"
+        );
+    }
+    let metrics = server.metrics().await;
+    let refunds: f64 = metrics
+        .0
+        .iter()
+        .filter(|(name, _)| {
+            name.starts_with("sluice_requests_total") && name.contains("decision=\"refund\"")
+        })
+        .map(|(_, value)| value)
+        .sum();
+    assert_eq!(refunds, 6.0, "one refund per algorithm counted");
+    server.stop().await;
+}
+
+/// A descriptor that says its hits are negative but has none of its own, in a request
+/// whose `hits_addend` is positive, asks for a negative and a positive cost at once:
+/// refused with INVALID_ARGUMENT, never guessed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_and_a_positive_cost_for_one_descriptor_is_refused() {
+    let server = start().await;
+    let mut contradictory = request(&[("fixed", "contradiction")]);
+    contradictory.hits_addend = 3;
+    contradictory.descriptors[0].is_negative_hits = true;
+    let error = call(&server, contradictory.clone())
+        .await
+        .expect_err("refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+    assert!(error.message().contains("is_negative_hits"), "{error:?}");
+    // With its own hits, the descriptor's refund is what it asks for.
+    contradictory.descriptors[0].hits_addend = Some(1);
+    let answer = call(&server, contradictory).await.expect("a refund");
+    assert_eq!(answer.overall_code, OK);
+    server.stop().await;
+}
+
+/// A refund on a `ledger: true` limit is refused (the ledger records admitted units
+/// only: the next restore would undo it); a charge there is answered as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_on_a_ledger_limit_is_refused() {
+    let server = TestServer::start(
+        &[(
+            "ledger.yaml".to_owned(),
+            "domain: api\ndescriptors:\n  - key: quota\n    rate_limit: {unit: day, requests_per_unit: 10, ledger: true}\n"
+                .to_owned(),
+        )],
+        &[],
+        &[],
+    )
+    .await;
+    let mut refund = request(&[("quota", "customer")]);
+    refund.descriptors[0].hits_addend = Some(1);
+    refund.descriptors[0].is_negative_hits = true;
+    let error = call(&server, refund).await.expect_err("refused");
+    assert_eq!(error.code(), GrpcCode::InvalidArgument);
+    assert!(error.message().contains("ledger"), "{error:?}");
+    let charge = call(&server, request(&[("quota", "customer")]))
+        .await
+        .expect("a charge");
+    assert_eq!(charge.overall_code, OK);
+    server.stop().await;
+}
+
+/// The LLM-token pattern with `on_over_limit: charge`: the request phase checks with
+/// `hits_addend: 0`, the response phase charges the real cost. A cost above what is
+/// left is charged all the same (debt), the next checks are refused until time has paid
+/// it back at the limit's rate, and `explain`'s view of the rule shows the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_charged_after_the_response_goes_into_debt() {
+    const DEBT: &str = r#"
+domain: api
+descriptors:
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket, on_over_limit: charge}
+"#;
+    let clock = early_in_a_minute();
+    let server = TestServer::start_with_clock(
+        &[("rules.yaml".into(), DEBT.into())],
+        &[],
+        &["--response-headers", "all"],
+        clock.clone(),
+    )
+    .await;
+    let tokens = |hits: u64| {
+        let mut request = request(&[("tokens", "user-1")]);
+        request.descriptors[0].hits_addend = Some(hits);
+        request
+    };
+    let probe = call(&server, tokens(0)).await.expect("call");
+    assert_eq!(probe.overall_code, OK, "the budget is not spent");
+    // 5 000 tokens against 1 000 left: refused as a request, charged as a cost.
+    let response = call(&server, tokens(5_000)).await.expect("call");
+    assert_eq!(response.overall_code, OVER);
+    let probe = call(&server, tokens(0)).await.expect("call");
+    assert_eq!(probe.overall_code, OVER, "in debt: 4 000 tokens owed");
+    // 1 000 tokens a minute: the debt of 4 000 is paid after four minutes.
+    clock.advance(239_000_000);
+    let probe = call(&server, tokens(0)).await.expect("call");
+    assert_eq!(probe.overall_code, OVER, "a second short of four minutes");
+    clock.advance(1_000_000);
+    let probe = call(&server, tokens(0)).await.expect("call");
+    assert_eq!(probe.overall_code, OK, "paid back at the configured rate");
+    let rlconfig = reqwest::get(server.url("/rlconfig"))
+        .await
+        .expect("GET /rlconfig")
+        .text()
+        .await
+        .expect("text");
+    assert!(rlconfig.contains("on_over_limit=charge"), "{rlconfig}");
     server.stop().await;
 }

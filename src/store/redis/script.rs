@@ -4,9 +4,9 @@
 //!
 //! Wire format (see `scripts/main.lua`): KEYS are every limit key of every check in
 //! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the number of
-//! distinct rules, then per rule its number of limits and per limit four numbers, then
-//! per run of consecutive checks with one rule and cost: the rule's index, the cost and
-//! the number of checks (a batch's checks mostly share both: a few arguments, not two
+//! distinct rules, then per rule its number of limits and per limit five numbers, then
+//! per run of consecutive checks with one rule and cost: the rule's index, the cost
+//! (negative for a refund of that many units) and the number of checks (a batch's checks mostly share both: a few arguments, not two
 //! per check, for Redis to read).
 //! The reply is one string: five little-endian doubles per limit (see [`decode`]).
 
@@ -232,11 +232,15 @@ impl Call {
                 }
             };
             match &mut run {
-                Some(current) if current.rule == rule && current.cost == check.cost => {
+                Some(current)
+                    if current.rule == rule
+                        && current.cost == check.cost
+                        && current.refund == check.refund =>
+                {
                     current.checks += 1;
                 }
                 _ => {
-                    if let Some(done) = run.replace(Run::first(rule, check.cost)) {
+                    if let Some(done) = run.replace(Run::first(rule, check)) {
                         done.push_to(&mut tail);
                     }
                 }
@@ -254,7 +258,7 @@ impl Call {
         if let Some(done) = run {
             done.push_to(&mut tail);
         }
-        let rule_args: usize = rules.iter().map(|rule| 1 + 4 * rule.len()).sum();
+        let rule_args: usize = rules.iter().map(|rule| 1 + 5 * rule.len()).sum();
         let mut argv: Vec<Value> = Vec::with_capacity(3 + rule_args + tail.len());
         argv.push(now.map_or_else(|| Value::from_static_str(""), number));
         argv.push(flag(commit));
@@ -266,6 +270,7 @@ impl Call {
                 argv.push(number(limit.quota.limit));
                 argv.push(number(limit.quota.period));
                 argv.push(number(limit.quota.burst));
+                argv.push(flag(limit.quota.charges_always()));
             }
         }
         argv.append(&mut tail);
@@ -281,25 +286,38 @@ struct Run {
     /// Index into the call's rules (0-based).
     rule: usize,
     cost: u64,
+    /// The checks give `cost` back.
+    refund: bool,
     checks: u64,
 }
 
 impl Run {
-    /// A run of one check.
-    fn first(rule: usize, cost: u64) -> Self {
+    /// A run of `check` alone, under rule `rule`.
+    fn first(rule: usize, check: &StoreCheck) -> Self {
         Self {
             rule,
-            cost,
+            cost: check.cost,
+            refund: check.refund,
             checks: 1,
         }
     }
 
-    /// The run's three arguments: rule index (1-based, as Lua counts), cost, checks.
+    /// The run's three arguments: rule index (1-based, as Lua counts), cost (negative:
+    /// a refund of that many units), checks.
     fn push_to(self, argv: &mut Vec<Value>) {
         argv.push(number(self.rule as u64 + 1));
-        argv.push(number(self.cost));
+        argv.push(if self.refund && self.cost > 0 {
+            negative(self.cost)
+        } else {
+            number(self.cost)
+        });
         argv.push(number(self.checks));
     }
+}
+
+/// `-x` as a script argument.
+fn negative(x: u64) -> Value {
+    i64::try_from(x).map_or_else(|_| Value::from(format!("-{x}")), |x| Value::Integer(-x))
 }
 
 /// Turns the script's reply into one decision per limit. The reply is one string of

@@ -51,28 +51,54 @@ MAKE_ALGO[5] = function() return {
     local base = tat
     if mx_le(tat, now_m) then base = now_m end
     local tau = mx_intervals(q.burst, q)
+    local new_tat = mx_add(base, mx_intervals(cost, q), q)
     if cost > q.burst then
       local ahead = mx_in_intervals(mx_sub(base, now_m, q), q)
       local retry = mx_ceil(tau)
       if retry < 1 then retry = 1 end
-      return false, 0, mx_ceil(mx_sub(base, now_m, q)), retry, to_u64(ceil(ahead + cost)), s, false
+      -- Debt (on_over_limit: charge): even a cost that can never pass is taken.
+      local next, kept, changed = s, base, false
+      if q.debt then
+        next, kept, changed = { tat = new_tat.us, frac = new_tat.frac }, new_tat, true
+      end
+      return false, 0, mx_ceil(mx_sub(kept, now_m, q)), retry, to_u64(ceil(ahead + cost)), next,
+        changed
     end
-    local new_tat = mx_add(base, mx_intervals(cost, q), q)
     local ahead = mx_sub(new_tat, now_m, q)
     local allowed = mx_le(ahead, tau)
     local units_ahead = mx_in_intervals(ahead, q)
     local next, kept, changed = s, base, false
-    if allowed and cost > 0 then
+    if (allowed or q.debt) and cost > 0 then
       next, kept, changed = { tat = new_tat.us, frac = new_tat.frac }, new_tat, true
     end
     local remaining, retry = 0, 0
     if allowed then
       remaining = to_u64(floor(q.burst - units_ahead))
+    elseif changed then
+      -- The same request again, after this one's charge.
+      retry = mx_ceil(mx_sub(mx_add(ahead, mx_intervals(cost, q), q), tau, q))
     else
       retry = mx_ceil(mx_sub(ahead, tau, q))
     end
     return allowed, remaining, mx_ceil(mx_sub(kept, now_m, q)), retry, to_u64(ceil(units_ahead)),
       next, changed
+  end,
+  -- Moves the TAT back by n intervals, never before now (Rust `refund`).
+  refund = function(s, now, n, q)
+    local now_m = { us = now, frac = 0 }
+    local tat = gcra_tat_of(s, q)
+    local back = mx_sub(tat, mx_intervals(n, q), q)
+    if mx_le(back, now_m) then back = now_m end
+    local next, kept, changed = s, tat, false
+    if not mx_le(tat, back) then
+      next, kept, changed = { tat = back.us, frac = back.frac }, back, true
+    elseif mx_le(tat, now_m) then
+      kept = now_m
+    end
+    local ahead = mx_sub(kept, now_m, q)
+    local units_ahead = mx_in_intervals(ahead, q)
+    return true, to_u64(floor(q.burst - units_ahead)), mx_ceil(ahead), 0,
+      to_u64(ceil(units_ahead)), next, changed
   end,
   expires_at = function(s, q)
     if is_invalid(q) then return s.tat end

@@ -4,9 +4,11 @@
 --   [2] '1' to charge, '0' to peek
 --   [3] number of rules, then per rule: its number of limits, and per limit:
 --       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra),
---       limit, period (µs), burst;
+--       limit, period (µs), burst, and 1 when every charge counts (on_over_limit:
+--       charge: a refused charge is taken too, into debt), else 0;
 --   then per run of consecutive checks with the same rule and cost: the rule (1-based
---   index into those rules), the cost, and the number of checks in the run.
+--   index into those rules), the cost (negative: a refund of that many units, which
+--   every limit gives back and none refuses), and the number of checks in the run.
 -- Checks are decided in order against a per-call state cache; nothing is written
 -- until every check is decided. Returns one string: 5 little-endian doubles per limit,
 --   allowed (1/0), remaining, reset_after, retry_after, used
@@ -53,8 +55,9 @@ for r = 1, rule_count do
       quotas[i] = q
     end
     q.limit, q.period, q.burst = ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0
+    q.debt = ARGV[a + 5] == '1'
     kinds[i], algos[i], invalid[i] = kind, ALGOS[kind], is_invalid_for(kind, q)
-    a = a + 4
+    a = a + 5
   end
   rule.n = n
   a = a + 1
@@ -72,6 +75,8 @@ for c = a, #ARGV, 3 do
   end
   local rule = rules[r]
   local cost = ARGV[c + 1] + 0
+  local refund = cost < 0
+  if refund then cost = -cost end
   local n, kinds, quotas, algos, invalid = rule.n, rule.kinds, rule.quotas, rule.algos, rule.invalid
   for _ = 1, ARGV[c + 2] + 0 do
     local first = k
@@ -94,8 +99,14 @@ for c = a, #ARGV, 3 do
       if expired then state = fresh_of[kind] or fresh(kind) end
       local allowed, remaining, reset, retry, used, next, changed
       if invalid[i] then
-        allowed, remaining, reset, retry, used = invalid_quota(cost, q)
+        if refund then
+          allowed, remaining, reset, retry, used = true, 0, 0, 0, 0
+        else
+          allowed, remaining, reset, retry, used = invalid_quota(cost, q)
+        end
         next, changed = state, false
+      elseif refund then
+        allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, q)
       else
         allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
       end
@@ -108,11 +119,14 @@ for c = a, #ARGV, 3 do
       out[o] = struct.pack('<ddddd', allowed and 1 or 0, remaining, reset, retry, used)
     end
     -- All-or-nothing; a single limit commits even when refused (fixed window counts
-    -- refused hits, the others return no change).
-    if commit and (all_allowed or n == 1) then
+    -- refused hits, the others return no change, or their debt).
+    -- Of several limits, a refusal still commits those whose every charge counts
+    -- (on_over_limit: charge).
+    if commit then
+      local each = all_allowed or n == 1
       for i = 1, n do
         local next = nexts[i]
-        if next then
+        if next and (each or quotas[i].debt) then
           local slot = slot_at[i]
           slot_state[slot], slot_quota[slot] = next, quotas[i]
         end

@@ -15,7 +15,8 @@
 --   newest         the instant of the newest unit, stored or added (0: none)
 --   stored_newest  the newest stored instant when it was read
 --   added          units this call admitted, all at instant `newest`
-local SL_FRESH = { newest = 0, stored_newest = 0, gone = 0, live = 0, added = 0 }
+--   dropped        the newest stored units this call gave back (a refund), not in `live`
+local SL_FRESH = { newest = 0, stored_newest = 0, gone = 0, live = 0, added = 0, dropped = 0 }
 
 -- How many members one ZADD sends at most.
 local SL_ZADD_CHUNK = 256
@@ -38,7 +39,7 @@ MAKE_ALGO[3] = function() return {
     local gone = redis.call('ZCOUNT', key, '-inf', int(cutoff))
     local live = redis.call('ZCARD', key) - gone
     return { key = key, cutoff = cutoff, gone = gone, live = live, newest = newest,
-      stored_newest = newest, added = 0 }, false
+      stored_newest = newest, added = 0, dropped = 0 }, false
   end,
   -- Writes what the call changed: drops the units that left the window, adds the
   -- call's units as members after those already stored at their instant.
@@ -46,24 +47,33 @@ MAKE_ALGO[3] = function() return {
     if s.key == nil then
       -- A fresh log (read as one, or expired): whatever the key held goes.
       if foreign or orig.key then redis.call('DEL', key) end
-    elseif s.gone > 0 then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s.cutoff))
+    else
+      if s.gone > 0 then
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s.cutoff))
+      end
+      if s.dropped > 0 then
+        redis.call('ZREMRANGEBYRANK', key, -s.dropped, -1)
+      end
     end
     if s.added > 0 then
+      -- Stored units can be at `newest` only if it is not past the newest stored one
+      -- (a refund can move it back to one of theirs).
       local n = 0
-      if s.key and s.stored_newest == s.newest then
+      if s.key and s.newest <= s.stored_newest then
         n = redis.call('ZCOUNT', key, int(s.newest), int(s.newest))
       end
       local at = int(s.newest)
-      local last = n + s.added
-      while n < last do
+      -- Names after the units already there; after a refund took some of them, a name
+      -- may still be taken: ZADD then adds fewer, and the next names follow.
+      local todo = s.added
+      while todo > 0 do
         local args, a = { 'ZADD', key }, 2
-        local upto = math.min(last, n + SL_ZADD_CHUNK)
+        local upto = n + math.min(todo, SL_ZADD_CHUNK)
         for i = n + 1, upto do
           args[a + 1], args[a + 2] = at, at .. ':' .. int(i)
           a = a + 2
         end
-        redis.call(unpack(args))
+        todo = todo - redis.call(unpack(args))
         n = upto
       end
     end
@@ -108,8 +118,40 @@ MAKE_ALGO[3] = function() return {
     end
     return allowed, remaining, reset_after, retry, used, {
       key = s.key, cutoff = s.cutoff, gone = s.gone, live = s.live, newest = at,
-      stored_newest = s.stored_newest, added = s.added + cost,
+      stored_newest = s.stored_newest, added = s.added + cost, dropped = s.dropped,
     }, true
+  end,
+  -- Gives back the `n` newest units of the live log (Rust `refund`): this call's own
+  -- first (they are the newest), then stored ones from the top.
+  refund = function(s, now, n, q)
+    local from_added = n
+    if s.added < from_added then from_added = s.added end
+    local from_stored = n - from_added
+    if s.live < from_stored then from_stored = s.live end
+    local added, live = s.added - from_added, s.live - from_stored
+    local dropped = s.dropped + from_stored
+    local in_window = live + added
+    local newest = s.newest
+    if added == 0 then
+      if live == 0 then
+        newest = 0
+      elseif dropped > 0 then
+        local unit = redis.call('ZRANGE', s.key, s.gone + live - 1, s.gone + live - 1, 'WITHSCORES')
+        newest = tonumber(unit[2])
+      else
+        newest = s.stored_newest
+      end
+    end
+    local reset_after = 0
+    if in_window > 0 then reset_after = sat_sub(newest + q.period, now) end
+    local decided, changed = s, false
+    if from_added + from_stored > 0 then
+      decided, changed = {
+        key = s.key, cutoff = s.cutoff, gone = s.gone, live = live, newest = newest,
+        stored_newest = s.stored_newest, added = added, dropped = dropped,
+      }, true
+    end
+    return true, sat_sub(q.limit, in_window), reset_after, 0, in_window, decided, changed
   end,
   expires_at = function(s, q)
     if s.key or s.added > 0 then return s.newest + q.period end

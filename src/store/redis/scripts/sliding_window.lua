@@ -6,6 +6,13 @@ local function sw_assess(s, at, cost, q)
   local prev, curr = 0, 0
   if ws <= s.ws then
     prev, curr = s.prev, s.curr
+  elseif q.debt then
+    -- Each window passes `limit` on and carries the rest (Rust `assess`).
+    local windows = idiv(ws - s.ws, period)
+    if windows < 1 then windows = 1 end
+    prev = sat_sub(s.curr, q.limit * (windows - 1))
+    if prev > q.limit then prev = q.limit end
+    curr = sat_sub(s.curr, q.limit * windows)
   elseif ws == s.ws + period then
     prev, curr = s.curr, 0
   end
@@ -15,6 +22,22 @@ local function sw_assess(s, at, cost, q)
   local needed = estimate + cost
   return { ws = ws, prev = prev, curr = curr, elapsed = elapsed, needed = needed,
            allowed = needed <= q.limit }
+end
+
+-- Window ends a current count needs to be all passed on (Rust `windows_to_pass`).
+local function sw_windows(curr, q)
+  if not q.debt then return 1 end
+  local windows, rest = idiv(curr, q.limit)
+  if rest > 0 then windows = windows + 1 end
+  if windows < 1 then return 1 end
+  return windows
+end
+
+-- Until the estimate decays to zero (Rust `reset_after`).
+local function sw_reset(skew, left, prev, curr, q)
+  if curr > 0 then return skew + left + q.period * sw_windows(curr, q) end
+  if prev > 0 then return skew + left end
+  return 0
 end
 
 local function sw_guess(a, left, cost, q)
@@ -50,14 +73,14 @@ MAKE_ALGO[2] = function() return {
     local skew = at - now
     local a = sw_assess(s, at, cost, q)
     local left = period - a.elapsed
+    local charged = a.allowed or q.debt
     local curr_after = a.curr
-    if a.allowed then curr_after = a.curr + cost end
-    local reset_after = 0
-    if curr_after > 0 then
-      reset_after = skew + left + period
-    elseif a.prev > 0 then
-      reset_after = skew + left
+    if charged then curr_after = a.curr + cost end
+    local next, changed = s, false
+    if charged and cost > 0 then
+      next, changed = { ws = a.ws, prev = a.prev, curr = curr_after }, true
     end
+    local reset_after = sw_reset(skew, left, a.prev, curr_after, q)
     local retry = 0
     if not a.allowed then
       if cost > q.limit then
@@ -66,23 +89,38 @@ MAKE_ALGO[2] = function() return {
         local guess = skew + sw_guess(a, left, cost, q)
         retry = earliest(guess, function(d)
           local later = now + d
-          if s.ws > later then later = s.ws end
-          return sw_assess(s, later, cost, q).allowed
+          if next.ws > later then later = next.ws end
+          return sw_assess(next, later, cost, q).allowed
         end)
       end
     end
     local remaining = 0
     if a.allowed then remaining = to_u64(floor(q.limit - a.needed)) end
     local used = to_u64(ceil(a.needed))
-    if a.allowed and cost > 0 then
-      return a.allowed, remaining, reset_after, retry, used,
-        { ws = a.ws, prev = a.prev, curr = curr_after }, true
+    return a.allowed, remaining, reset_after, retry, used, next, changed
+  end,
+  -- Gives `n` units back to the current window's counter, never below zero (Rust
+  -- `refund`).
+  refund = function(s, now, n, q)
+    local period = q.period
+    local at = now
+    if s.ws > at then at = s.ws end
+    local skew = at - now
+    local a = sw_assess(s, at, 0, q)
+    local curr_after = sat_sub(a.curr, n)
+    local next, changed = s, false
+    if curr_after ~= a.curr then
+      next, changed = { ws = a.ws, prev = a.prev, curr = curr_after }, true
     end
-    return a.allowed, remaining, reset_after, retry, used, s, false
+    local after = sw_assess(next, at, 0, q)
+    local left = period - after.elapsed
+    local reset_after = sw_reset(skew, left, after.prev, after.curr, q)
+    return true, to_u64(floor(q.limit - after.needed)), reset_after, 0,
+      to_u64(ceil(after.needed)), next, changed
   end,
   expires_at = function(s, q)
     local windows = 0
-    if s.curr > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
+    if s.curr > 0 then windows = sw_windows(s.curr, q) + 1 elseif s.prev > 0 then windows = 1 end
     return s.ws + q.period * windows
   end,
 } end

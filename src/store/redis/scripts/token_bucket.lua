@@ -72,7 +72,8 @@ MAKE_ALGO[4] = function() return {
     if deficit < 0 then deficit = 0 end
     local allowed = deficit + cost <= q.burst
     local next, changed = s, false
-    if allowed and cost > 0 then
+    -- Debt (on_over_limit: charge): a refused charge is taken too.
+    if (allowed or q.debt) and cost > 0 then
       local last = now
       if s_last > last then last = s_last end
       -- Every field it may get, set now: a field added later grows the table.
@@ -86,9 +87,12 @@ MAKE_ALGO[4] = function() return {
         retry = to_u64(ceil(fill))
         if retry < 1 then retry = 1 end
       else
-        local missing = deficit + cost - q.burst
-        retry = earliest(tb_guess(s, now, missing, q), function(d)
-          return tb_fits(tb_deficit_at(s, now + d, q), cost, q)
+        -- Against the state the decision leaves (Rust: `basis`).
+        local basis, basis_deficit = s, deficit
+        if changed then basis, basis_deficit = next, next.deficit end
+        local missing = basis_deficit + cost - q.burst
+        retry = earliest(tb_guess(basis, now, missing, q), function(d)
+          return tb_fits(tb_deficit_at(basis, now + d, q), cost, q)
         end)
       end
     end
@@ -107,6 +111,21 @@ MAKE_ALGO[4] = function() return {
     local used = ceil(deficit + cost)
     if used ~= used or used <= 0 then used = 0 end
     return allowed, remaining, reset_after, retry, used, next, changed
+  end,
+  -- Puts `n` tokens back, never above the burst (Rust `refund`).
+  refund = function(s, now, n, q)
+    local deficit = tb_deficit_at(s, now, q)
+    local after = deficit - n
+    if after < 0 then after = 0 end
+    local next, changed = s, false
+    if n > 0 and deficit > 0 then
+      local last = now
+      if s.last > last then last = s.last end
+      next, changed = { deficit = after, last = last, expires = false, expires_q = false }, true
+    end
+    local reset_after = tb_drained_after(next, now, after, q)
+    return true, to_u64(floor(q.burst - after)), reset_after, 0, to_u64(ceil(after)), next,
+      changed
   end,
   expires_at = function(s, q)
     if s.expires_q == q then return s.expires end

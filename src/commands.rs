@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::algorithm::OnOverLimit;
 use crate::limiter::explain::{explain as explain_request, Explanation};
 use crate::limiter::{CheckRequest, Descriptor};
 use crate::rules::{read_config_path, Entry, LoadOptions, Rule, Rules};
@@ -70,6 +71,10 @@ pub(crate) fn describe(rule: &Rule) -> String {
         ));
         if let Some(burst) = limit.burst {
             line.push_str(&format!(" burst={burst}"));
+        }
+        if limit.on_over_limit != OnOverLimit::Refuse {
+            line.push_str(" on_over_limit=");
+            line.push_str(limit.on_over_limit.as_str());
         }
         line.push_str(&format!(" failure_mode={:?}]", limit.failure_mode).to_ascii_lowercase());
     }
@@ -192,12 +197,20 @@ fn write_explanation(
                 if let Some(burst) = limit.burst {
                     write!(out, " burst={burst}")?;
                 }
+                if limit.on_over_limit != OnOverLimit::Refuse.as_str() {
+                    write!(out, " on_over_limit={}", limit.on_over_limit)?;
+                }
                 writeln!(out, " failure_mode={}", limit.failure_mode)?;
             }
             if let Some(key) = &explanation.counter_key {
+                let gives = if explanation.refund {
+                    " given back (is_negative_hits)"
+                } else {
+                    ""
+                };
                 writeln!(
                     out,
-                    "     counter key sluice:{{{key}}}, cost {}",
+                    "     counter key sluice:{{{key}}}, cost {}{gives}",
                     explanation.cost
                 )?;
             }

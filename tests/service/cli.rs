@@ -110,3 +110,44 @@ fn explain_rejects_malformed_descriptor() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not key=value"));
 }
+
+/// `on_over_limit: charge` is visible where a user looks: `sluice check`'s line and
+/// `sluice explain`'s text and JSON.
+#[test]
+fn check_and_explain_show_on_over_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write(
+        dir.path(),
+        "tokens.yaml",
+        "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: gcra, on_over_limit: charge}\n",
+    );
+    let check = sluice()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .expect("run sluice check");
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("[1000/minute gcra on_over_limit=charge failure_mode=open]"),
+        "{stdout}"
+    );
+    let explain = |json: bool| {
+        let mut command = sluice();
+        command
+            .arg("explain")
+            .arg("--config")
+            .arg(dir.path())
+            .args(["--domain", "llm", "--descriptor", "user=alice"]);
+        if json {
+            command.arg("--json");
+        }
+        let output = command.output().expect("run sluice explain");
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert!(explain(false).contains("on_over_limit=charge"));
+    let explained: serde_json::Value = serde_json::from_str(&explain(true)).expect("json");
+    assert_eq!(explained[0]["rule"]["limits"][0]["on_over_limit"], "charge");
+    assert_eq!(explained[0]["refund"], false);
+}

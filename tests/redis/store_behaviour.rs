@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice::algorithm::{AlgorithmKind, Decision, Quota};
+use sluice::algorithm::{AlgorithmKind, Decision, OnOverLimit, Quota};
 use sluice::clock::SystemClock;
 use sluice::rules::Entry;
 use sluice::store::memory::MemoryStore;
@@ -137,6 +137,49 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         transcript.push(brief(&d[0]));
     }
     assert_eq!(used, [1, 2, 3, 4]);
+    // A negative hit gives back on every algorithm: used up at 5, 3 given back (never
+    // refused), then exactly 3 more pass.
+    for kind in KINDS {
+        let check = |cost: u64, refund: bool| StoreCheck {
+            key: key(run, &format!("refund-{}", kind.as_str())),
+            limits: vec![limit(kind, 5, 5)].into(),
+            cost,
+            refund,
+        };
+        let mut admitted = Vec::new();
+        for (cost, refund) in [
+            (5, false),
+            (3, true),
+            (1, false),
+            (1, false),
+            (1, false),
+            (1, false),
+        ] {
+            let d = one(store, &check(cost, refund)).await;
+            admitted.push(d[0].allowed);
+            transcript.push(brief(&d[0]));
+        }
+        assert_eq!(admitted, [true, true, true, true, true, false], "{kind:?}");
+    }
+    // Debt (on_over_limit: charge) beside a limit that refuses: a refused call still
+    // charges the debt limit, and only it.
+    let mut debt = limit(AlgorithmKind::TokenBucket, 3, 3);
+    debt.quota.on_over_limit = OnOverLimit::Charge;
+    let both = StoreCheck {
+        key: key(run, "debt"),
+        limits: vec![debt, limit(AlgorithmKind::FixedWindow, 10, 10)].into(),
+        cost: 2,
+        refund: false,
+    };
+    let mut used = Vec::new();
+    for _ in 0..3 {
+        let d = one(store, &both).await;
+        used.push((d[0].allowed, d[0].used, d[1].used));
+        transcript.push(brief(&d[0]));
+        transcript.push(brief(&d[1]));
+    }
+    // Deficit 2 then 4 (refused, charged: debt), then 6; the window only the first 2.
+    assert_eq!(used, [(true, 2, 2), (false, 4, 4), (false, 6, 4)]);
     // Many descriptors in one call (spread over every shard of a cluster), with repeats
     // of the same key decided in order.
     let checks: Vec<StoreCheck> = (0..40)

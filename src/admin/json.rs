@@ -260,4 +260,20 @@ mod tests {
         assert_eq!(number_to_json(2.0).to_string(), "2");
         assert_eq!(number_to_json(2.5).to_string(), "2.5");
     }
+
+    #[test]
+    fn negative_hits_read_in_both_spellings() {
+        let parse = |descriptor: &str| {
+            let body = format!(r#"{{"domain": "d", "descriptors": [{descriptor}]}}"#);
+            parse_request(body.as_bytes()).map(|r| r.descriptors[0].is_negative_hits)
+        };
+        let entries = r#""entries": [{"key": "k", "value": "v"}], "hitsAddend": 2"#;
+        assert_eq!(parse(&format!("{{{entries}}}")).ok(), Some(false));
+        for name in ["isNegativeHits", "is_negative_hits"] {
+            let text = format!(r#"{{{entries}, "{name}": true}}"#);
+            assert_eq!(parse(&text).ok(), Some(true), "{name}");
+        }
+        let text = format!(r#"{{{entries}, "isNegativeHits": "yes"}}"#);
+        assert!(parse(&text).is_err());
+    }
 }

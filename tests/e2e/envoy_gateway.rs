@@ -11,7 +11,7 @@ use sluice::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::rls_config::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-use support::e2e::free_port;
+use support::e2e::free_ports;
 use support::pki::{Ca, Leaf};
 use support::process::SluiceProcess;
 use support::redis::RedisServer;
@@ -85,7 +85,7 @@ async fn serves_under_envoy_gateways_environment_alone() {
     let (tls_crt, tls_key, ca_crt) = (cert("tls.crt"), cert("tls.key"), cert("ca.crt"));
     let xds_url = xds.addr.to_string();
     let redis_url = redis.url().trim_start_matches("redis://").to_owned();
-    let (port, grpc_port, prometheus_port) = (free_port(), free_port(), free_port());
+    let [port, grpc_port, prometheus_port] = free_ports();
     let (port_text, grpc_text) = (port.to_string(), grpc_port.to_string());
     let prometheus_addr = format!(":{prometheus_port}");
     let env = [

@@ -4,7 +4,7 @@
 //! failed TLS call would show as 500). Certificates are generated at test time.
 
 use support::e2e::envoy::spawn_ready;
-use support::e2e::{envoy_bin, free_port};
+use support::e2e::{envoy_bin, free_ports};
 use support::pki::{write_atomic, Ca};
 use support::TestServer;
 
@@ -157,7 +157,7 @@ async fn envoy_calls_sluice_over_mtls() {
     )
     .await;
 
-    let (admin, ingress, backend) = (free_port(), free_port(), free_port());
+    let [admin, ingress, backend] = free_ports();
     let dir_text = dir.path().to_string_lossy().into_owned();
     let bootstrap = bootstrap(admin, ingress, backend, sluice.grpc.port(), &dir_text);
     let envoy = spawn_ready(dir.path(), &bootstrap, admin).await;

@@ -6,8 +6,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::e2e::free_ports;
 use support::process::SluiceProcess;
-use support::redis::free_port;
 
 /// A rule file of domain `d`.
 const RULES: &str =
@@ -84,7 +84,7 @@ async fn no_arguments_serve_from_envoy_gateways_environment() {
     support::write_file(&rules, "rules.yaml", RULES);
     support::write_file(&rules, ".hidden.yaml", "not: rules\n");
     let root = runtime.path().to_str().expect("UTF-8");
-    let (port, prometheus_port) = (free_port(), free_port());
+    let [port, prometheus_port] = free_ports();
     let (port, prometheus_addr) = (port.to_string(), format!(":{prometheus_port}"));
     // What Envoy Gateway sets (no Redis and no gRPC TLS here: other tests cover them),
     // and nothing else: no argument at all.

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use super::{envoy_bin, free_port, wait_for_200, Process};
+use super::{envoy_bin, free_ports, wait_for_200, Process};
 use crate::repo_root;
 
 /// The example bootstrap's ports, as written in `deploy/envoy/envoy.yaml`.
@@ -32,10 +32,7 @@ impl Envoy {
     pub async fn start(sluice_grpc_port: u16) -> Self {
         let template = std::fs::read_to_string(repo_root().join("deploy/envoy/envoy.yaml"))
             .expect("read deploy/envoy/envoy.yaml");
-        let admin_port = free_port();
-        let ingress_port = free_port();
-        let fail_open_port = free_port();
-        let backend_port = free_port();
+        let [admin_port, ingress_port, fail_open_port, backend_port] = free_ports();
         let bootstrap = render_ports(
             &template,
             &[

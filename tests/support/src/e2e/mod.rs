@@ -43,12 +43,19 @@ pub fn python_bin() -> PathBuf {
     venv_tool("SLUICE_PYTHON", "python")
 }
 
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind a free loopback port")
+/// `N` distinct loopback ports nothing listens on right now: all are held while they
+/// are chosen, so two of them are never the same port (one process given the same port
+/// twice fails to start).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
+        .collect();
+    std::array::from_fn(|at| {
+        listeners[at]
+            .local_addr()
+            .expect("a bound listener's address")
+            .port()
+    })
 }
 
 /// A child process killed (and reaped) on drop; its output goes to a log file.

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use super::{free_port, wait_for_200_or_exit, Process};
+use super::{free_ports, wait_for_200_or_exit, Process};
 use crate::{sluice_bin, Metrics};
 
 /// Starts tried on fresh ports before a bind failure fails the test.
@@ -64,22 +64,22 @@ impl Sluice {
                 std::fs::copy(&path, config_dir.path().join(name)).expect("copy rule file");
             }
         }
+        let [grpc_port, http_port] = free_ports();
         let mut sluice = Self {
-            grpc_port: free_port(),
-            http_port: free_port(),
+            grpc_port,
+            http_port,
             config_dir,
             logs: tempfile::tempdir().expect("temp dir"),
             store,
             process: None,
         };
         // A free port can be taken (by any process's outgoing connection) between
-        // `free_port` and sluice's bind: then it starts again on two other ports.
+        // `free_ports` and sluice's bind: then it starts again on two other ports.
         for _ in 1..START_ATTEMPTS {
             match sluice.launch().await {
                 Ok(()) => return sluice,
                 Err((process, _)) if process.log().contains(ADDRESS_IN_USE) => {
-                    sluice.grpc_port = free_port();
-                    sluice.http_port = free_port();
+                    [sluice.grpc_port, sluice.http_port] = free_ports();
                 }
                 Err((process, status)) => process.panic_exited(status),
             }

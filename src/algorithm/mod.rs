@@ -32,6 +32,7 @@
 //!   short. A request that can never pass (`cost` above the capacity) reports a finite,
 //!   non-zero `retry_after` documented per algorithm.
 
+pub mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod sliding_log;
@@ -61,6 +62,9 @@ pub enum AlgorithmKind {
     TokenBucket,
     /// Generic cell rate algorithm: one theoretical arrival time, `burst` tolerance.
     Gcra,
+    /// Requests in flight, each holding a named slot ([`concurrency`]): not a rate.
+    /// Decided by [`concurrency::hold`] with the request's slot, never by [`decide`].
+    Concurrency,
 }
 
 impl AlgorithmKind {
@@ -72,15 +76,20 @@ impl AlgorithmKind {
             Self::SlidingLog => "sliding_log",
             Self::TokenBucket => "token_bucket",
             Self::Gcra => "gcra",
+            Self::Concurrency => "concurrency",
         }
     }
 
     /// Parses a rule file's algorithm name.
     pub(crate) fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+        Self::ALL
+            .into_iter()
+            .chain([Self::Concurrency])
+            .find(|kind| kind.as_str() == name)
     }
 
-    /// Every algorithm.
+    /// Every rate algorithm: all but [`AlgorithmKind::Concurrency`], which counts
+    /// requests in flight and is decided with a slot.
     pub const ALL: [AlgorithmKind; 5] = [
         Self::FixedWindow,
         Self::SlidingWindow,
@@ -283,6 +292,8 @@ pub enum State {
     TokenBucket(token_bucket::State),
     /// See [`gcra`].
     Gcra(gcra::State),
+    /// See [`concurrency`].
+    Concurrency(Box<concurrency::State>),
 }
 
 // === impl State ===
@@ -296,6 +307,7 @@ impl State {
             AlgorithmKind::SlidingLog => Self::SlidingLog(Default::default()),
             AlgorithmKind::TokenBucket => Self::TokenBucket(Default::default()),
             AlgorithmKind::Gcra => Self::Gcra(Default::default()),
+            AlgorithmKind::Concurrency => Self::Concurrency(Default::default()),
         }
     }
 }
@@ -402,6 +414,15 @@ fn apply(
         }
         (K::Gcra, State::Gcra(s)) => run::<gcra::Gcra>(Some(s), op, now, cost, quota, State::Gcra),
         (K::Gcra, _) => run::<gcra::Gcra>(None, op, now, cost, quota, State::Gcra),
+        // Without its slot a concurrency limit can neither take nor free one: refused
+        // (a refund: nothing given back). The limiter never asks this.
+        (K::Concurrency, _) => {
+            let decision = match op {
+                Op::Charge => Decision::invalid_quota(cost, quota),
+                Op::Refund => Decision::refund_of_invalid_quota(),
+            };
+            (decision, state.clone())
+        }
     }
 }
 
@@ -414,5 +435,6 @@ pub fn expires_at(state: &State, quota: &Quota) -> Micros {
         State::SlidingLog(s) => sliding_log::SlidingLog::expires_at(s, quota),
         State::TokenBucket(s) => token_bucket::TokenBucket::expires_at(s, quota),
         State::Gcra(s) => gcra::Gcra::expires_at(s, quota),
+        State::Concurrency(s) => concurrency::expires_at(s, quota),
     }
 }

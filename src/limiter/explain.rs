@@ -7,10 +7,12 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::matching::{is_replaced, match_descriptor, Applies};
+use super::slots::slot_of;
 use super::{CheckRequest, Limiter};
-use crate::algorithm::Decision;
+use crate::algorithm::concurrency::SlotOp;
+use crate::algorithm::{AlgorithmKind, Decision};
 use crate::rules::{Matched, Rules};
-use crate::store::{Store, StoreError};
+use crate::store::{HoldCall, Store, StoreError};
 
 /// What applies to one descriptor, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -30,6 +32,9 @@ pub(crate) struct Explanation {
     pub(crate) cost: u64,
     /// The descriptor gives `cost` back (`is_negative_hits`) rather than charging it.
     pub(crate) refund: bool,
+    /// A concurrency limit's slot: the value of the descriptor's `slot: true` entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) slot: Option<String>,
     /// Per limit, what the store would decide now (only when a store was asked).
     pub(crate) would_decide: Vec<DecisionView>,
 }
@@ -54,9 +59,9 @@ pub(crate) struct RuleView {
 /// One limit, for humans.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct LimitView {
-    /// Units per `unit`.
+    /// Units per `unit` (a concurrency limit: its `max_in_flight`).
     pub(crate) requests_per_unit: u32,
-    /// `second` … `year`.
+    /// `second` … `year`, or `in_flight` for a concurrency limit.
     pub(crate) unit: String,
     /// Algorithm name.
     pub(crate) algorithm: &'static str,
@@ -66,6 +71,12 @@ pub(crate) struct LimitView {
     pub(crate) failure_mode: String,
     /// `refuse` or `charge` (every charge counts, into debt).
     pub(crate) on_over_limit: &'static str,
+    /// A concurrency limit's `max_hold`, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_hold_ms: Option<u64>,
+    /// The longest a refused request is delayed instead (`max_delay`), in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_delay_ms: Option<u64>,
 }
 
 /// One decision, for humans.
@@ -126,6 +137,7 @@ pub(crate) async fn explain<S: Store>(
             counter_key: None,
             cost: descriptor.hits_addend.unwrap_or(request_cost),
             refund: false,
+            slot: None,
             would_decide: Vec::new(),
         };
         match applies {
@@ -143,11 +155,27 @@ pub(crate) async fn explain<S: Store>(
                     explanation.outcome = "limited";
                     explanation.counter_key = Some(check.key.hex());
                     explanation.refund = check.refund;
+                    let slot = slot_of(&matched.rule, &descriptor.entries);
+                    if slot.is_some() {
+                        explanation.slot = descriptor.entries.last().map(|e| e.value.to_owned());
+                    }
                     if let Some(store) = store {
-                        let mut decisions = Vec::new();
-                        store.peek(&check, &mut decisions).await?;
-                        explanation.would_decide =
-                            decisions.into_iter().map(DecisionView::from).collect();
+                        explanation.would_decide = match (slot, check.limits.first()) {
+                            (Some(slot), Some(limit)) => {
+                                let call = HoldCall {
+                                    key: check.key,
+                                    quota: limit.quota,
+                                    slot,
+                                    op: SlotOp::Probe,
+                                };
+                                vec![store.hold(&call).await?.into()]
+                            }
+                            _ => {
+                                let mut decisions = Vec::new();
+                                store.peek(&check, &mut decisions).await?;
+                                decisions.into_iter().map(DecisionView::from).collect()
+                            }
+                        };
                     }
                 }
             }
@@ -169,13 +197,22 @@ fn rule_view(matched: &Matched<'_>) -> RuleView {
         limits: rule
             .limits
             .iter()
-            .map(|limit| LimitView {
-                requests_per_unit: limit.requests_per_unit,
-                unit: limit.unit.as_upper_str().to_ascii_lowercase(),
-                algorithm: limit.algorithm.as_str(),
-                burst: limit.burst,
-                failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
-                on_over_limit: limit.on_over_limit.as_str(),
+            .map(|limit| {
+                let concurrency = limit.algorithm == AlgorithmKind::Concurrency;
+                LimitView {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: if concurrency {
+                        "in_flight".to_owned()
+                    } else {
+                        limit.unit.as_upper_str().to_ascii_lowercase()
+                    },
+                    algorithm: limit.algorithm.as_str(),
+                    burst: limit.burst,
+                    failure_mode: format!("{:?}", limit.failure_mode).to_ascii_lowercase(),
+                    on_over_limit: limit.on_over_limit.as_str(),
+                    max_hold_ms: concurrency.then_some(limit.max_hold / 1_000),
+                    max_delay_ms: (limit.max_delay > 0).then_some(limit.max_delay / 1_000),
+                }
             })
             .collect(),
     }

@@ -7,11 +7,12 @@
 
 use std::sync::Arc;
 
+use crate::algorithm::concurrency::SlotOp;
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::rules::{FailureMode, Rule};
 use crate::store::memory::MemoryStore;
-use crate::store::{LimitCheck, Store, StoreCheck};
+use crate::store::{HoldCall, LimitCheck, Store, StoreCheck};
 
 /// Most keys the `local` failure mode keeps.
 const LOCAL_MAX_KEYS: usize = 100_000;
@@ -92,6 +93,28 @@ impl Fallback {
                     },
                 }));
             }
+        }
+    }
+}
+
+impl Fallback {
+    /// Decides a concurrency limit's `call` under `mode` (never `Error`): `local` holds
+    /// `max_in_flight / replicas` slots in this instance's memory, `open` admits,
+    /// `closed` refuses; a release is never refused.
+    pub(crate) async fn hold(&self, mode: FailureMode, call: &HoldCall) -> Decision {
+        if mode == FailureMode::Local {
+            let mut local = *call;
+            local.quota.limit = local.quota.limit.div_ceil(u64::from(self.replicas));
+            // The memory store cannot fail.
+            return self.local.hold(&local).await.unwrap_or_default();
+        }
+        let allowed = mode == FailureMode::Open || call.op == SlotOp::Release;
+        Decision {
+            allowed,
+            remaining: if allowed { call.quota.limit } else { 0 },
+            reset_after: 0,
+            retry_after: 0,
+            used: if allowed { 0 } else { call.quota.limit + 1 },
         }
     }
 }

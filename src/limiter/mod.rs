@@ -13,6 +13,7 @@ pub(crate) mod lease;
 mod matching;
 pub(crate) mod meter;
 pub(crate) mod precheck;
+mod slots;
 pub(crate) mod stats;
 pub(crate) mod usage;
 mod within;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::algorithm::concurrency::SlotId;
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{
@@ -83,10 +85,15 @@ pub fn store_check(
             quota: limit.quota(),
         })
         .collect();
+    // A concurrency limit's last entry names the request's slot: not its counters.
+    let entries = match entries.split_last() {
+        Some((_, counted)) if matched.rule.holds_slots() => counted,
+        _ => entries,
+    };
     let key = CounterKey::new(
         domain,
         entries,
-        &matched.share_patterns,
+        &matched.share_patterns[..entries.len().min(matched.share_patterns.len())],
         limits
             .iter()
             .map(|limit| (limit.algorithm, limit.quota.period)),
@@ -205,6 +212,8 @@ struct Pending<'r> {
     hits: u64,
     /// The pre-check called the key hot before the store call: charge its answer.
     precheck_charge: bool,
+    /// The request's slot, when the rule is a concurrency limit.
+    slot: Option<SlotId>,
 }
 
 // === impl Limiter ===
@@ -386,12 +395,14 @@ impl<S: Store> Limiter<S> {
                 pending.reserve_exact(left);
             }
             checks.push(check);
+            let slot = slots::slot_of(&matched.rule, &descriptor.entries);
             pending.push(Pending {
                 index,
                 rule: matched.rule,
                 stats_label,
                 hits,
                 precheck_charge: false,
+                slot,
             });
         }
         replaced
@@ -416,9 +427,19 @@ impl<S: Store> Limiter<S> {
             let item: &mut Pending<'r> = &mut pending[position];
             let check = &checks[position];
             let is_replaced = matching::is_replaced(&item.rule, replaced);
+            if let (Some(slot), false) = (item.slot, is_replaced) {
+                let item = pending.remove(position);
+                let check = checks.remove(position);
+                let (index, verdict) =
+                    Box::pin(self.held(item, &check, slot, now, deadline)).await?;
+                verdicts[index] = verdict;
+                continue;
+            }
             // A refund always reaches the store (no local layer gives hits back), and so
-            // does a charge that counts even when refused (`on_over_limit: charge`).
-            if (check.refund || must_reach_store(check)) && !is_replaced {
+            // does a charge that counts even when refused (`on_over_limit: charge`), and
+            // a check that may be delayed (the store reserves the wait).
+            let store_only = check.refund || item.rule.answered_by_store_only();
+            if (store_only || must_reach_store(check)) && !is_replaced {
                 position += 1;
                 continue;
             }
@@ -744,7 +765,7 @@ impl<S: Store> Limiter<S> {
     /// reference's compatibility mode (`LOCAL_CACHE_SIZE_IN_BYTES`), whose local cache
     /// counts their refusals under `over_limit_with_local_cache`.
     fn uses_blocked_cache(&self, rule: &Rule) -> bool {
-        !rule.shadow_mode || self.settings.report_local_cache
+        (!rule.shadow_mode || self.settings.report_local_cache) && !rule.answered_by_store_only()
     }
 
     /// Builds one descriptor's verdict from its decisions and records statistics. The

@@ -17,6 +17,10 @@ impl Store for DownStore {
         Err(StoreError::Unavailable("connection refused".into()))
     }
 
+    async fn hold(&self, _: &crate::store::HoldCall) -> Result<Decision, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+
     fn kind(&self) -> &'static str {
         "down"
     }
@@ -172,6 +176,10 @@ impl Store for DownSharedStore {
         Err(StoreError::Timeout(std::time::Duration::from_millis(20)))
     }
 
+    async fn hold(&self, _: &crate::store::HoldCall) -> Result<Decision, StoreError> {
+        Err(StoreError::Timeout(std::time::Duration::from_millis(20)))
+    }
+
     fn kind(&self) -> &'static str {
         "down-shared"
     }
@@ -323,6 +331,13 @@ impl Store for FlakyStore {
         self.memory.peek(check, out).await
     }
 
+    async fn hold(&self, call: &crate::store::HoldCall) -> Result<Decision, StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("connection refused".into()));
+        }
+        self.memory.hold(call).await
+    }
+
     fn kind(&self) -> &'static str {
         "flaky"
     }
@@ -415,4 +430,88 @@ async fn a_cost_above_capacity_gets_the_stores_reset_on_a_hot_key() {
         let verdicts = limiter.check(&rules, &call(cost)).await.expect("answers");
         assert_eq!(reset_of(&verdicts), (true, 84_000_000), "cost {cost}");
     }
+}
+
+const SLOTS: &str = r#"
+domain: d
+descriptors:
+  - key: user
+    descriptors:
+      - key: request_id
+        slot: true
+        rate_limit: {algorithm: concurrency, max_in_flight: 2, max_hold: 10s}
+"#;
+
+/// A request of `user` whose x-request-id is `id`: the request phase, or (`release`)
+/// its stream-done call.
+fn slot_request<'a>(user: &'a str, id: &'a str, release: bool) -> CheckRequest<'a> {
+    CheckRequest {
+        domain: "d",
+        descriptors: vec![Descriptor {
+            entries: vec![
+                Entry {
+                    key: "user",
+                    value: user,
+                },
+                Entry {
+                    key: "request_id",
+                    value: id,
+                },
+            ],
+            limit_override: None,
+            hits_addend: None,
+            refund: release,
+        }],
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_user_holds_at_most_max_in_flight_slots_and_frees_only_its_own() {
+    let (rules, limiter, _) = on_memory(SLOTS, LimiterSettings::default());
+    let mut calls = Vec::new();
+    for (user, id, release) in [
+        ("alice", "1", false),
+        ("alice", "2", false),
+        ("alice", "3", false),
+        // The refused request's stream-done call frees nothing.
+        ("alice", "3", true),
+        ("alice", "4", false),
+        ("bob", "1", false),
+        ("alice", "1", true),
+        ("alice", "4", false),
+        // A release sent twice frees one slot.
+        ("alice", "1", true),
+        ("alice", "5", false),
+    ] {
+        let verdicts = limiter
+            .check(&rules, &slot_request(user, id, release))
+            .await
+            .expect("answers");
+        calls.push(allowed(&verdicts));
+        if let (Verdict::Limited(limited), false) = (&verdicts[0], allowed(&verdicts)) {
+            assert_eq!(limited.decision.retry_after, 1_000_000, "at most a second");
+        }
+    }
+    assert_eq!(
+        calls,
+        [true, true, false, true, false, true, true, true, true, false]
+    );
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_takes_its_failure_mode_when_the_store_is_down() {
+    let text = SLOTS.replace("max_hold: 10s", "max_hold: 10s, failure_mode: local");
+    let rules = compile_one(&text);
+    let limiter = limiter(Arc::new(Metrics::new()));
+    let mut calls = Vec::new();
+    for id in ["1", "2", "1"] {
+        let verdicts = limiter
+            .check(&rules, &slot_request("alice", id, false))
+            .await
+            .expect("local answers");
+        calls.push(allowed(&verdicts));
+    }
+    // 2 slots shared by 2 replicas: 1 here, and the same slot again is admitted.
+    assert_eq!(calls, [true, false, true]);
 }

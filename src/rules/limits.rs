@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::schema::{RawDescriptor, RawRateLimit};
 use super::{ConfigError, FailureMode, Lease, LeaseMode, Limit, Unit};
-use crate::algorithm::{AlgorithmKind, OnOverLimit};
+use crate::algorithm::{AlgorithmKind, Micros, OnOverLimit, MICROS_PER_SECOND};
 
 /// Shortest and longest `lease_ttl`.
 const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
@@ -16,6 +16,20 @@ const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
 /// instant: 2.4 ms at 10 000 (the cap before), enough for one hot key to hold its node
 /// past the call deadline; ~0.25 ms at 1 000. Larger limits want `sliding_window`.
 pub(crate) const MAX_SLIDING_LOG_LIMIT: u32 = 1_000;
+
+/// Most slots a concurrency limit holds (`max_in_flight`): each is kept per key (16
+/// bytes in memory, one sorted set member in Redis) and read by every call.
+pub(crate) const MAX_IN_FLIGHT: u32 = 10_000;
+
+/// `max_hold` when none is given: well above Envoy's default route timeout (15 s), so a
+/// request is not reclaimed while it runs, and a lost release costs a minute at most.
+pub(crate) const DEFAULT_MAX_HOLD: Micros = 60 * MICROS_PER_SECOND;
+
+/// Shortest and longest `max_hold`.
+const MAX_HOLD_RANGE: (Micros, Micros) = (MICROS_PER_SECOND, 86_400 * MICROS_PER_SECOND);
+
+/// Shortest and longest `max_delay`: a delayed answer holds the call open that long.
+const MAX_DELAY_RANGE: (Micros, Micros) = (1_000, 60 * MICROS_PER_SECOND);
 
 /// What a descriptor's `rate_limit`/`rate_limits` compile to.
 pub(crate) struct RuleLimits {
@@ -35,7 +49,17 @@ pub(crate) fn rule_limits(
 ) -> Option<RuleLimits> {
     let before = errors.len();
     let out = match (&raw.rate_limit, &raw.rate_limits) {
-        (None, None) => return None,
+        (None, None) => {
+            if raw.slot == Some(true) {
+                errors.push(ConfigError::sluice(
+                    file,
+                    &format!("{path}.slot"),
+                    "slot: true needs a rate_limit with algorithm: concurrency on the same \
+                     descriptor",
+                ));
+            }
+            return None;
+        }
         (Some(_), Some(_)) => {
             errors.push(ConfigError::sluice(
                 file,
@@ -47,11 +71,80 @@ pub(crate) fn rule_limits(
         (Some(one), None) => single(file, &format!("{path}.rate_limit"), one, errors),
         (None, Some(list)) => several(file, &format!("{path}.rate_limits"), list, errors),
     };
+    slot_fits(file, path, raw, &out, errors);
+    let delayed = out.limits.iter().any(|limit| limit.max_delay > 0);
+    if delayed && raw.shadow_mode == Some(true) {
+        errors.push(ConfigError::sluice(
+            file,
+            &format!("{path}.shadow_mode"),
+            "shadow_mode cannot be combined with max_delay: a shadow rule never changes an \
+             answer, and a delay would hold it",
+        ));
+    }
     (errors.len() == before).then_some(out)
+}
+
+/// A concurrency limit needs `slot: true` on its descriptor (the entry whose value
+/// names each request's slot), and `slot: true` needs a concurrency limit.
+fn slot_fits(
+    file: &str,
+    path: &str,
+    raw: &RawDescriptor,
+    out: &RuleLimits,
+    errors: &mut Vec<ConfigError>,
+) {
+    let concurrency = out
+        .limits
+        .iter()
+        .any(|limit| limit.algorithm == AlgorithmKind::Concurrency);
+    let slot = raw.slot == Some(true);
+    let slot_path = format!("{path}.slot");
+    if concurrency && !slot {
+        errors.push(ConfigError::sluice(
+            file,
+            &slot_path,
+            "algorithm: concurrency needs slot: true on its descriptor: the entry whose \
+             value names each request's slot (e.g. the x-request-id), so that a release \
+             frees only the slot its own request holds",
+        ));
+    }
+    if !slot {
+        return;
+    }
+    if !concurrency && !out.limits.is_empty() {
+        errors.push(ConfigError::sluice(
+            file,
+            &slot_path,
+            "slot: true needs algorithm: concurrency (a rate limit counts requests, not \
+             slots)",
+        ));
+    }
+    if raw.value.as_deref().is_some_and(|value| !value.is_empty()) {
+        errors.push(ConfigError::sluice(
+            file,
+            &format!("{path}.value"),
+            "a slot descriptor takes no value: each request names its own slot",
+        ));
+    }
+    for (given, field) in [
+        (raw.detailed_metric == Some(true), "detailed_metric"),
+        (raw.value_to_metric == Some(true), "value_to_metric"),
+    ] {
+        if given {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.{field}"),
+                format!("{field} cannot be used with slot: true: every request's slot name would become a metric name"),
+            ));
+        }
+    }
 }
 
 /// The reference's `rate_limit`, plus the extension fields.
 fn single(file: &str, path: &str, raw: &RawRateLimit, errors: &mut Vec<ConfigError>) -> RuleLimits {
+    if raw.algorithm.as_deref() == Some(AlgorithmKind::Concurrency.as_str()) {
+        return concurrency(file, path, raw, errors);
+    }
     let unlimited = raw.unlimited.unwrap_or(false);
     let name = raw.name.as_deref().unwrap_or_default();
     let unit_name = raw.unit.as_deref().unwrap_or_default();
@@ -120,6 +213,22 @@ fn several(
             }
         }
         all_replaces.extend(replaces(file, this_name, raw, errors));
+        if raw.algorithm.as_deref() == Some(AlgorithmKind::Concurrency.as_str()) {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.algorithm"),
+                "algorithm: concurrency is only supported on a single rate_limit",
+            ));
+            continue;
+        }
+        if raw.max_delay.is_some() {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.max_delay"),
+                "max_delay is only supported on a single rate_limit (a delay reserves one \
+                 limit's wait; several limits are decided all-or-nothing)",
+            ));
+        }
         if raw.lease.is_some() || raw.lease_ttl.is_some() {
             errors.push(ConfigError::sluice(
                 file,
@@ -144,6 +253,177 @@ fn several(
         unlimited: false,
         replaces: all_replaces,
     }
+}
+
+/// `algorithm: concurrency`: `max_in_flight` slots, each held at most `max_hold`; the
+/// rate fields mean nothing there and are refused.
+fn concurrency(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    errors: &mut Vec<ConfigError>,
+) -> RuleLimits {
+    let before = errors.len();
+    let given = [
+        (raw.unit.is_some(), "unit"),
+        (raw.requests_per_unit.is_some(), "requests_per_unit"),
+        (raw.unlimited.is_some(), "unlimited"),
+        (raw.burst.is_some(), "burst"),
+        (raw.lease.is_some() || raw.lease_ttl.is_some(), "lease"),
+        (raw.ledger.is_some(), "ledger"),
+        (raw.on_over_limit.is_some(), "on_over_limit"),
+        (raw.max_delay.is_some(), "max_delay"),
+    ];
+    for (_, field) in given.iter().filter(|(given, _)| *given) {
+        errors.push(ConfigError::sluice(
+            file,
+            &format!("{path}.{field}"),
+            format!(
+                "{field} does not apply to algorithm: concurrency, which limits requests in \
+                 flight (max_in_flight, max_hold)"
+            ),
+        ));
+    }
+    let in_flight_path = format!("{path}.max_in_flight");
+    let max_in_flight = match raw.max_in_flight {
+        None => {
+            errors.push(ConfigError::sluice(
+                file,
+                &in_flight_path,
+                "algorithm: concurrency needs max_in_flight: the most requests in flight per key",
+            ));
+            0
+        }
+        Some(n) if !(1..=MAX_IN_FLIGHT).contains(&n) => {
+            errors.push(ConfigError::sluice(
+                file,
+                &in_flight_path,
+                format!("max_in_flight must be from 1 to {MAX_IN_FLIGHT}, got {n}"),
+            ));
+            0
+        }
+        Some(n) => n,
+    };
+    let max_hold = match raw.max_hold.as_deref() {
+        None => DEFAULT_MAX_HOLD,
+        Some(text) => duration(
+            file,
+            &format!("{path}.max_hold"),
+            text,
+            MAX_HOLD_RANGE,
+            "max_hold must be a duration from 1s to 24h (like 60s)",
+            errors,
+        ),
+    };
+    let name = raw.name.as_deref().unwrap_or_default();
+    let replaces = replaces(file, name, raw, errors);
+    let failure_mode = failure_mode(file, path, raw, errors);
+    let limit = Limit {
+        requests_per_unit: max_in_flight,
+        // Not a rate: `max_hold` is the period.
+        unit: Unit::Second,
+        algorithm: AlgorithmKind::Concurrency,
+        burst: None,
+        failure_mode,
+        lease: Lease::default(),
+        ledger: false,
+        on_over_limit: OnOverLimit::Refuse,
+        max_hold,
+        max_delay: 0,
+    };
+    RuleLimits {
+        name: (!name.is_empty()).then(|| name.into()),
+        limits: (errors.len() == before).then_some(limit).into_iter().collect(),
+        unlimited: false,
+        replaces,
+    }
+}
+
+/// A duration field's value in µs within `range` (inclusive), else `why` is pushed
+/// (with the text given) and 0 returned.
+fn duration(
+    file: &str,
+    path: &str,
+    text: &str,
+    range: (Micros, Micros),
+    why: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Micros {
+    match humantime::parse_duration(text).map(|d| u64::try_from(d.as_micros())) {
+        Ok(Ok(micros)) if (range.0..=range.1).contains(&micros) => micros,
+        _ => {
+            errors.push(ConfigError::sluice(
+                file,
+                path,
+                format!("{why}, got '{text}'"),
+            ));
+            0
+        }
+    }
+}
+
+/// `failure_mode`: `open` (default), `closed`, `local` or `error`.
+fn failure_mode(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    errors: &mut Vec<ConfigError>,
+) -> FailureMode {
+    match raw.failure_mode.as_deref().unwrap_or_default() {
+        "" | "open" => FailureMode::Open,
+        "closed" => FailureMode::Closed,
+        "local" => FailureMode::Local,
+        "error" => FailureMode::Error,
+        other => {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.failure_mode"),
+                format!("unknown failure_mode '{other}' (expected open, closed, local or error)"),
+            ));
+            FailureMode::Open
+        }
+    }
+}
+
+/// `max_delay`: only token bucket, GCRA and sliding log know when a refused request
+/// would pass and can reserve it; a delay is never leased (it must reach the store)
+/// nor combined with a debt (a charge that always counts is never delayed).
+fn max_delay(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    algorithm: AlgorithmKind,
+    errors: &mut Vec<ConfigError>,
+) -> Micros {
+    let Some(text) = raw.max_delay.as_deref() else {
+        return 0;
+    };
+    let path = format!("{path}.max_delay");
+    let delay = duration(
+        file,
+        &path,
+        text,
+        MAX_DELAY_RANGE,
+        "max_delay must be a duration from 1ms to 60s (like 2s)",
+        errors,
+    );
+    let mut refuse = |why: String| errors.push(ConfigError::sluice(file, &path, why));
+    if !matches!(
+        algorithm,
+        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::SlidingLog
+    ) {
+        refuse(format!(
+            "max_delay is only valid with algorithm token_bucket, gcra or sliding_log, not {}",
+            algorithm.as_str()
+        ));
+    }
+    if raw.lease.is_some() {
+        refuse("max_delay cannot be combined with lease: a delay is reserved in the store".into());
+    }
+    if raw.on_over_limit.as_deref() == Some(OnOverLimit::Charge.as_str()) {
+        refuse("max_delay cannot be combined with on_over_limit: charge: a charge that always counts is never delayed".into());
+    }
+    delay
 }
 
 /// The reference's `replaces` checks.
@@ -191,7 +471,7 @@ fn limit(
                 &format!("{path}.algorithm"),
                 format!(
                     "unknown algorithm '{name}' (expected fixed_window, sliding_window, \
-                     sliding_log, token_bucket or gcra)"
+                     sliding_log, token_bucket, gcra or concurrency)"
                 ),
             ));
             AlgorithmKind::default()
@@ -212,20 +492,20 @@ fn limit(
             errors.push(ConfigError::sluice(file, &path, "burst must be at least 1"));
         }
     }
-    let failure_mode = match raw.failure_mode.as_deref().unwrap_or_default() {
-        "" | "open" => FailureMode::Open,
-        "closed" => FailureMode::Closed,
-        "local" => FailureMode::Local,
-        "error" => FailureMode::Error,
-        other => {
+    let failure_mode = failure_mode(file, path, raw, errors);
+    for (given, field) in [
+        (raw.max_in_flight.is_some(), "max_in_flight"),
+        (raw.max_hold.is_some(), "max_hold"),
+    ] {
+        if given {
             errors.push(ConfigError::sluice(
                 file,
-                &format!("{path}.failure_mode"),
-                format!("unknown failure_mode '{other}' (expected open, closed, local or error)"),
+                &format!("{path}.{field}"),
+                format!("{field} is only valid with algorithm: concurrency"),
             ));
-            FailureMode::Open
         }
-    };
+    }
+    let max_delay = max_delay(file, path, raw, algorithm, errors);
     if algorithm == AlgorithmKind::SlidingLog && requests_per_unit > MAX_SLIDING_LOG_LIMIT {
         errors.push(ConfigError::sluice(
             file,
@@ -252,6 +532,8 @@ fn limit(
         lease,
         ledger,
         on_over_limit,
+        max_hold: 0,
+        max_delay,
     })
 }
 

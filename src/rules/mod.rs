@@ -132,6 +132,9 @@ impl Rules {
 
 fn dump_line(rule: &Rule) -> String {
     let (unit, requests) = match rule.limits.first() {
+        Some(limit) if limit.algorithm == AlgorithmKind::Concurrency => {
+            ("IN_FLIGHT", limit.requests_per_unit)
+        }
         Some(limit) if !rule.unlimited => (limit.unit.as_upper_str(), limit.requests_per_unit),
         _ => ("UNKNOWN", 0),
     };
@@ -153,12 +156,20 @@ fn dump_line(rule: &Rule) -> String {
             .limits
             .iter()
             .map(|limit| {
-                let mut text = format!(
-                    "{}/{} {}",
-                    limit.requests_per_unit,
-                    limit.unit.as_upper_str(),
-                    limit.algorithm.as_str()
-                );
+                let mut text = if limit.algorithm == AlgorithmKind::Concurrency {
+                    format!(
+                        "{} in flight concurrency max_hold={}ms",
+                        limit.requests_per_unit,
+                        limit.max_hold / 1_000
+                    )
+                } else {
+                    format!(
+                        "{}/{} {}",
+                        limit.requests_per_unit,
+                        limit.unit.as_upper_str(),
+                        limit.algorithm.as_str()
+                    )
+                };
                 if let Some(burst) = limit.burst {
                     text.push_str(&format!(" burst={burst}"));
                 }
@@ -178,6 +189,9 @@ fn dump_line(rule: &Rule) -> String {
                 if limit.on_over_limit != OnOverLimit::Refuse {
                     text.push_str(" on_over_limit=");
                     text.push_str(limit.on_over_limit.as_str());
+                }
+                if limit.max_delay > 0 {
+                    text.push_str(&format!(" max_delay={}ms", limit.max_delay / 1_000));
                 }
                 text
             })
@@ -224,6 +238,8 @@ fn override_match<'r>(
             lease: Lease::default(),
             ledger: false,
             on_over_limit: OnOverLimit::Refuse,
+            max_hold: 0,
+            max_delay: 0,
         }],
         unlimited: false,
         shadow_mode: false,

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::algorithm::{AlgorithmKind, OnOverLimit, Quota, MICROS_PER_SECOND};
+use crate::algorithm::{AlgorithmKind, Micros, OnOverLimit, Quota, MICROS_PER_SECOND};
 
 /// Time unit of a limit. Month is 30 days and year 365 days, as in the reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -139,14 +139,26 @@ pub struct Limit {
     pub(crate) ledger: bool,
     /// `on_over_limit`: whether a charge that does not fit still counts (debt).
     pub(crate) on_over_limit: OnOverLimit,
+    /// Concurrency limits: the longest a slot is held before it is reclaimed
+    /// (`max_hold`, µs); `requests_per_unit` is then `max_in_flight`, and `unit`
+    /// means nothing. 0 for the other algorithms.
+    pub(crate) max_hold: Micros,
+    /// The longest wait a refused request may be delayed by instead (`max_delay`, µs;
+    /// 0: never delayed).
+    pub(crate) max_delay: Micros,
 }
 
 impl Limit {
-    /// The algorithm parameters of this limit.
+    /// The algorithm parameters of this limit (a concurrency limit's period is its
+    /// `max_hold`).
     pub(crate) fn quota(&self) -> Quota {
         Quota {
             limit: u64::from(self.requests_per_unit),
-            period: self.unit.micros(),
+            period: if self.algorithm == AlgorithmKind::Concurrency {
+                self.max_hold
+            } else {
+                self.unit.micros()
+            },
             burst: u64::from(self.burst.unwrap_or(self.requests_per_unit)),
             on_over_limit: self.on_over_limit,
         }
@@ -182,6 +194,25 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Free-form `metadata` of the rule, as JSON (emitted in dynamic metadata).
     pub metadata: Option<Arc<serde_json::Value>>,
+}
+
+impl Rule {
+    /// Whether the rule's limit is a concurrency limit: decided with the slot its
+    /// descriptor's last entry names, that entry left out of the counter key.
+    pub(crate) fn holds_slots(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|limit| limit.algorithm == AlgorithmKind::Concurrency)
+    }
+
+    /// Whether only the store may answer this rule's checks: a concurrency limit (a
+    /// slot freed by a release the local layers never see) or a limit that delays
+    /// (`max_delay`: the store reserves the wait).
+    pub(crate) fn answered_by_store_only(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|limit| limit.algorithm == AlgorithmKind::Concurrency || limit.max_delay > 0)
+    }
 }
 
 /// One request entry, borrowed from the request.

@@ -51,6 +51,10 @@ const VALID_KEYS: &[&str] = &[
     "lease_ttl",
     "ledger",
     "on_over_limit",
+    "slot",
+    "max_in_flight",
+    "max_hold",
+    "max_delay",
 ];
 
 /// The root of a file.
@@ -77,6 +81,9 @@ pub(crate) struct RawDescriptor {
     pub(crate) value_to_metric: Option<bool>,
     pub(crate) share_threshold: Option<bool>,
     pub(crate) metadata: Option<serde_json::Value>,
+    /// Sluice: this entry's value names the request's slot of a concurrency limit
+    /// (not part of the counter key).
+    pub(crate) slot: Option<bool>,
 }
 
 /// A `rate_limit` block (or one item of `rate_limits`).
@@ -103,6 +110,12 @@ pub(crate) struct RawRateLimit {
     /// Sluice: `refuse` (default) or `charge`: whether a charge that does not fit
     /// still counts (debt).
     pub(crate) on_over_limit: Option<String>,
+    /// Sluice: concurrency limit, most requests in flight.
+    pub(crate) max_in_flight: Option<u32>,
+    /// Sluice: concurrency limit, longest a slot is held (`60s`).
+    pub(crate) max_hold: Option<String>,
+    /// Sluice: longest wait a request may be delayed by instead of refused (`2s`).
+    pub(crate) max_delay: Option<String>,
 }
 
 /// One item of `replaces`.

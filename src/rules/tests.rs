@@ -505,3 +505,123 @@ fn assert_limit_errors(cases: &[(&str, &str)], path: &str) {
         );
     }
 }
+
+#[test]
+fn concurrency_limits_need_a_slot_and_refuse_rate_fields() {
+    let text = "domain: d\ndescriptors:\n  - key: user\n    descriptors:\n      - key: id\n        slot: true\n        rate_limit: {algorithm: concurrency, max_in_flight: 3, max_hold: 30s}\n";
+    let rules = compile(text).expect("compiles");
+    let lines = rules.dump_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("unit=IN_FLIGHT requests_per_unit=3")
+                && l.contains("3 in flight concurrency max_hold=30000ms")),
+        "{lines:?}"
+    );
+    let slot = |descriptor: &str| {
+        errors(&format!(
+            "domain: d\ndescriptors:\n  - key: a\n{descriptor}"
+        ))
+        .join("\n")
+    };
+    let cases = [
+        (
+            "    rate_limit: {algorithm: concurrency, max_in_flight: 3}\n",
+            "descriptors[0].slot: algorithm: concurrency needs slot: true",
+        ),
+        (
+            "    slot: true\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+            "descriptors[0].slot: slot: true needs algorithm: concurrency",
+        ),
+        (
+            "    slot: true\n",
+            "descriptors[0].slot: slot: true needs a rate_limit with algorithm: concurrency",
+        ),
+        (
+            "    value: x\n    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 3}\n",
+            "descriptors[0].value: a slot descriptor takes no value",
+        ),
+        (
+            "    slot: true\n    detailed_metric: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 3}\n",
+            "detailed_metric cannot be used with slot: true",
+        ),
+        (
+            "    slot: true\n    rate_limit: {algorithm: concurrency}\n",
+            "rate_limit.max_in_flight: algorithm: concurrency needs max_in_flight",
+        ),
+        (
+            "    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 0}\n",
+            "max_in_flight must be from 1 to 10000, got 0",
+        ),
+        (
+            "    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 2, unit: second}\n",
+            "rate_limit.unit: unit does not apply to algorithm: concurrency",
+        ),
+        (
+            "    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 2, max_hold: 10ms}\n",
+            "max_hold must be a duration from 1s to 24h (like 60s), got '10ms'",
+        ),
+        (
+            "    slot: true\n    rate_limits: [{algorithm: concurrency, max_in_flight: 2}]\n",
+            "rate_limits[0].algorithm: algorithm: concurrency is only supported on a single rate_limit",
+        ),
+        (
+            "    rate_limit: {unit: second, requests_per_unit: 3, max_in_flight: 2}\n",
+            "max_in_flight is only valid with algorithm: concurrency",
+        ),
+    ];
+    for (descriptor, expected) in cases {
+        let found = slot(descriptor);
+        assert!(found.contains(expected), "{descriptor}: {found}");
+    }
+}
+
+#[test]
+fn max_delay_is_for_algorithms_that_know_when_a_request_passes() {
+    let rules = compile(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra, burst: 1, max_delay: 2s}\n",
+    )
+    .expect("compiles");
+    assert!(
+        rules.dump_lines().iter().any(|l| l.contains("max_delay=2000ms")),
+        "{:?}",
+        rules.dump_lines()
+    );
+    let cases = [
+        (
+            "{unit: second, requests_per_unit: 5, max_delay: 1s}",
+            "max_delay is only valid with algorithm token_bucket, gcra or sliding_log, not fixed_window",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, algorithm: gcra, max_delay: 2m}",
+            "max_delay must be a duration from 1ms to 60s (like 2s), got '2m'",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, algorithm: gcra, lease: 2, max_delay: 1s}",
+            "max_delay cannot be combined with lease",
+        ),
+        (
+            "{unit: second, requests_per_unit: 5, algorithm: gcra, on_over_limit: charge, max_delay: 1s}",
+            "max_delay cannot be combined with on_over_limit: charge",
+        ),
+    ];
+    assert_limit_errors(&cases, "descriptors[0].rate_limit.max_delay");
+    let shadow = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, max_delay: 1s}\n",
+    );
+    assert!(
+        shadow
+            .iter()
+            .any(|e| e.contains("shadow_mode cannot be combined with max_delay")),
+        "{shadow:?}"
+    );
+    let listed = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limits: [{unit: second, requests_per_unit: 5, algorithm: gcra, max_delay: 1s}]\n",
+    );
+    assert!(
+        listed
+            .iter()
+            .any(|e| e.contains("max_delay is only supported on a single rate_limit")),
+        "{listed:?}"
+    );
+}

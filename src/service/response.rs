@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use prost_types::{value::Kind, ListValue, Struct, Value};
 
-use crate::algorithm::Micros;
+use crate::algorithm::{AlgorithmKind, Micros};
 use crate::limiter::{ceil_seconds, CheckRequest, Limited, Verdict};
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
@@ -200,7 +200,12 @@ fn status_of(verdict: &Verdict<'_>) -> DescriptorStatus {
                 current_limit: limit.map(|limit| RateLimit {
                     name: limited.rule.name.as_deref().unwrap_or_default().to_owned(),
                     requests_per_unit: limit.requests_per_unit,
-                    unit: wire_unit(limit.unit) as i32,
+                    // A concurrency limit is no rate: its unit is UNKNOWN.
+                    unit: if limit.algorithm == AlgorithmKind::Concurrency {
+                        WireUnit::Unknown
+                    } else {
+                        wire_unit(limit.unit)
+                    } as i32,
                 }),
                 limit_remaining: u32::try_from(limited.decision.remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(prost_types::Duration {
@@ -252,7 +257,10 @@ fn headers(
     // remains is never above the limit they state.
     let rate = u64::from(limit.requests_per_unit);
     let capacity = u64::from(limit.burst.unwrap_or(limit.requests_per_unit)).max(rate);
-    let window = if capacity > rate {
+    let window = if limit.algorithm == AlgorithmKind::Concurrency {
+        // Slots, not a rate: the window is the longest a slot is held.
+        ceil_seconds(limit.max_hold)
+    } else if capacity > rate {
         (limit.unit.seconds().saturating_mul(capacity)).div_ceil(rate.max(1))
     } else {
         limit.unit.seconds()

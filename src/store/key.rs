@@ -177,6 +177,7 @@ fn algorithm_code(algorithm: AlgorithmKind) -> u8 {
         AlgorithmKind::SlidingLog => 6,
         AlgorithmKind::TokenBucket => 4,
         AlgorithmKind::Gcra => 5,
+        AlgorithmKind::Concurrency => 7,
     }
 }
 

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::metrics::counter::Counter;
 
+use crate::algorithm::concurrency::{self, SlotOp};
 use crate::algorithm::{self, Decision, Micros, State};
 use crate::clock::Clock;
-use crate::store::{LimitCheck, LimitKey, Store, StoreCheck, StoreError};
+use crate::store::{CounterKey, HoldCall, LimitCheck, LimitKey, Store, StoreCheck, StoreError};
 
 /// Number of shards; a power of two so the shard index is a mask.
 const SHARDS: usize = 64;
@@ -107,10 +108,33 @@ impl MemoryStore {
         }
     }
 
+    /// Runs a concurrency limit's call under its shard's lock (a probe changes
+    /// nothing).
+    fn hold_now(&self, call: &HoldCall) -> Decision {
+        let now = self.clock.now();
+        let key = call.key.for_limit(0);
+        let mut shard = lock(&self.shards[shard_of(call.key)]);
+        let (decision, next) = match shard.get(key) {
+            Some(Slot {
+                state: State::Concurrency(state),
+                expires_at,
+            }) if *expires_at > now => concurrency::hold(state, now, call.op, call.slot, &call.quota),
+            _ => concurrency::hold(&Default::default(), now, call.op, call.slot, &call.quota),
+        };
+        if call.op != SlotOp::Probe {
+            let expires_at = concurrency::expires_at(&next, &call.quota);
+            let state = State::Concurrency(Box::new(next));
+            if shard.insert(key, state, expires_at, now, self.shard_capacity) {
+                self.evictions.inc();
+            }
+        }
+        decision
+    }
+
     /// Decides one check under its shard's lock; commits when `commit` says so.
     fn decide(&self, check: &StoreCheck, commit: bool, decisions: &mut Vec<Decision>) {
         let now = self.clock.now();
-        let mut shard = lock(&self.shards[shard_index(check)]);
+        let mut shard = lock(&self.shards[shard_of(check.key)]);
         let first = decisions.len();
         for (index, limit) in check.limits.iter().enumerate() {
             let key = check.key.for_limit(index);
@@ -159,6 +183,10 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         self.decide(check, false, decisions);
         Ok(())
+    }
+
+    async fn hold(&self, call: &HoldCall) -> Result<Decision, StoreError> {
+        Ok(self.hold_now(call))
     }
 
     fn kind(&self) -> &'static str {
@@ -266,9 +294,9 @@ impl Shard {
     }
 }
 
-/// Shard of a check: all limits of one descriptor live in one shard.
-fn shard_index(check: &StoreCheck) -> usize {
-    (check.key.0 >> 100) as usize & (SHARDS - 1)
+/// Shard of a descriptor's counters: all its limits live in one shard.
+fn shard_of(key: CounterKey) -> usize {
+    (key.0 >> 100) as usize & (SHARDS - 1)
 }
 
 /// Locks a shard; a poisoned lock (a panic elsewhere) still yields the data, since a

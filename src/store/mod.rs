@@ -10,6 +10,7 @@ pub mod redis;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::algorithm::concurrency::{SlotId, SlotOp};
 use crate::algorithm::{AlgorithmKind, Decision, Micros, Quota};
 pub(crate) use key::LimitKey;
 pub use key::{CounterKey, KeyPrefix, KeyPrefixError};
@@ -54,6 +55,21 @@ pub struct LeaseRequest {
     /// The previous lease's unused units, the store time it was granted at and its
     /// lifetime.
     pub give_back: Option<(u64, Micros, Micros)>,
+}
+
+/// One request's call on a concurrency limit (`algorithm: concurrency`): take, probe or
+/// give back its own slot ([`crate::algorithm::concurrency::hold`]), in one atomic
+/// store call on the store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldCall {
+    /// The descriptor's counters (its slot entry left out).
+    pub key: CounterKey,
+    /// `limit` slots, each held at most `period` µs.
+    pub quota: Quota,
+    /// The request's slot.
+    pub slot: SlotId,
+    /// What to do with it.
+    pub op: SlotOp,
 }
 
 /// What a lease call answered.
@@ -167,6 +183,9 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Protocol("this store does not lease".into())) }
     }
 
+    /// Runs a concurrency limit's call (see [`HoldCall`]).
+    fn hold(&self, call: &HoldCall) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
     /// Health and breaker state for `/status`. A store that cannot fail is always ok.
     fn status(&self) -> StoreStatus {
         StoreStatus::default()
@@ -227,6 +246,10 @@ impl<T: Store> Store for std::sync::Arc<T> {
         request: &LeaseRequest,
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send {
         (**self).lease(request)
+    }
+
+    fn hold(&self, call: &HoldCall) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).hold(call)
     }
 
     fn status(&self) -> StoreStatus {

@@ -35,6 +35,8 @@ pub(crate) struct Library {
     check: Value,
     /// The function that grants leases (`scripts/lease.lua`).
     lease: Value,
+    /// The function that decides concurrency limits (`scripts/hold.lua`).
+    hold: Value,
 }
 
 /// The library, built on first use.
@@ -47,11 +49,13 @@ impl Library {
         // helpers and algorithms on the first call of either function, and they stay.
         let body = format!(
             "local function build()\n{}\n{}\nlocal check = function(KEYS, ARGV)\n{}\nend\n\
-             local lease = function(KEYS, ARGV)\n{}\nend\nreturn {{ check, lease }}\nend\n",
+             local lease = function(KEYS, ARGV)\n{}\nend\n\
+             local hold = function(KEYS, ARGV)\n{}\nend\nreturn {{ check, lease, hold }}\nend\n",
             script::ALGORITHMS,
             script::CHECK_STATE,
             script::ENTRY,
             script::LEASE_ENTRY,
+            script::HOLD_ENTRY,
         );
         let digest = fred::util::sha1_hash(&body);
         let name = format!("sluice_{}", &digest[..16]);
@@ -63,12 +67,14 @@ impl Library {
              \x20 return entries[entry](keys, args)\n\
              end\n\
              redis.register_function('{name}_check', function(keys, args) return run(1, keys, args) end)\n\
-             redis.register_function('{name}_lease', function(keys, args) return run(2, keys, args) end)\n"
+             redis.register_function('{name}_lease', function(keys, args) return run(2, keys, args) end)\n\
+             redis.register_function('{name}_hold', function(keys, args) return run(3, keys, args) end)\n"
         );
         Self {
             code: Value::from(code),
             check: Value::from(format!("{name}_check")),
             lease: Value::from(format!("{name}_lease")),
+            hold: Value::from(format!("{name}_hold")),
         }
     }
 
@@ -77,6 +83,7 @@ impl Library {
         match entry {
             Entry::Check => &self.check,
             Entry::Lease => &self.lease,
+            Entry::Hold => &self.hold,
         }
     }
 }
@@ -241,7 +248,7 @@ mod tests {
             .expect("library header");
         assert!(name.starts_with("sluice_"), "{name}");
         assert_eq!(name.len(), "sluice_".len() + 16);
-        for entry in [Entry::Check, Entry::Lease] {
+        for entry in [Entry::Check, Entry::Lease, Entry::Hold] {
             let function = library.function(entry).as_str().expect("text").into_owned();
             assert!(function.starts_with(name), "{function}");
             assert!(

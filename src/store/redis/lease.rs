@@ -22,7 +22,7 @@ fn algorithm_code(kind: AlgorithmKind) -> Option<u8> {
     match kind {
         AlgorithmKind::FixedWindow => Some(1),
         AlgorithmKind::SlidingWindow => Some(2),
-        AlgorithmKind::SlidingLog => None,
+        AlgorithmKind::SlidingLog | AlgorithmKind::Concurrency => None,
         AlgorithmKind::TokenBucket => Some(4),
         AlgorithmKind::Gcra => Some(5),
     }

@@ -18,6 +18,7 @@ pub(crate) mod client;
 pub(crate) mod clients;
 pub(crate) mod functions;
 pub(crate) mod health;
+pub(crate) mod hold;
 pub(crate) mod lease;
 pub(crate) mod nodes;
 pub mod script;
@@ -36,7 +37,9 @@ pub(crate) use tls::RedisTls;
 use crate::algorithm::Decision;
 use crate::lanes;
 use crate::store::breaker::BreakerSettings;
-use crate::store::{LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus};
+use crate::store::{
+    HoldCall, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
+};
 use crate::telemetry::Metrics;
 use batcher::Job;
 use call::Shared;
@@ -185,6 +188,19 @@ impl RedisStore {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;
         lease::run(shared, request, Some(now)).await
+    }
+
+    #[cfg(feature = "test-hooks")]
+    /// A concurrency limit's call at an injected time `now` instead of Redis `TIME`
+    /// (tests only).
+    pub async fn hold_at(
+        &self,
+        call: &HoldCall,
+        now: crate::algorithm::Micros,
+    ) -> Result<Decision, StoreError> {
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(shared.timeout).await;
+        hold::run(shared, call, Some(now)).await
     }
 }
 
@@ -403,6 +419,24 @@ impl Store for RedisStore {
             Some((_, error)) => Err(error),
         };
         shared.metrics.store_duration("lease", started.elapsed());
+        if let Err(error) = &result {
+            shared.metrics.store_error(error.kind());
+        }
+        result
+    }
+
+    async fn hold(&self, call: &HoldCall) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        let backend = self.backend();
+        let shared = &backend.shared;
+        shared.nodes.wait_known(shared.timeout).await;
+        let slot = script::slot(call.key);
+        let result = match shared.nodes.topology().route(slot) {
+            None => Err(call::unrouted(slot)),
+            // Boxed, as a lease call: every request's future would carry its size.
+            Some(_) => Box::pin(hold::run(shared, call, None)).await,
+        };
+        shared.metrics.store_duration("hold", started.elapsed());
         if let Err(error) = &result {
             shared.metrics.store_error(error.kind());
         }

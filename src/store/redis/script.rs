@@ -68,13 +68,29 @@ pub(crate) const LEASE_SCRIPT: &str = concat!(algorithms!(), include_str!("scrip
 pub(crate) static LEASE_SHA: LazyLock<Value> =
     LazyLock::new(|| Value::from(fred::util::sha1_hash(LEASE_SCRIPT)));
 
-/// Which entry point a call runs: the main one or the lease's.
+/// The hold entry point (`scripts/hold.lua`): concurrency limits.
+pub(crate) const HOLD_ENTRY: &str = include_str!("scripts/hold.lua");
+
+/// The whole hold script, as loaded with `SCRIPT LOAD`: the shared helpers and the hold
+/// entry point (it needs no algorithm).
+pub(crate) const HOLD_SCRIPT: &str = concat!(
+    include_str!("scripts/common.lua"),
+    include_str!("scripts/hold.lua")
+);
+
+/// SHA-1 of [`HOLD_SCRIPT`], the name `EVALSHA` runs it by.
+pub(crate) static HOLD_SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(HOLD_SCRIPT)));
+
+/// Which entry point a call runs: the main one, the lease's or the hold's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Entry {
     /// `scripts/main.lua`: decides checks.
     Check,
     /// `scripts/lease.lua`: grants a lease.
     Lease,
+    /// `scripts/hold.lua`: takes, probes or frees a concurrency limit's slot.
+    Hold,
 }
 
 impl Entry {
@@ -83,6 +99,7 @@ impl Entry {
         match self {
             Entry::Check => SCRIPT,
             Entry::Lease => LEASE_SCRIPT,
+            Entry::Hold => HOLD_SCRIPT,
         }
     }
 
@@ -91,6 +108,7 @@ impl Entry {
         match self {
             Entry::Check => &SHA,
             Entry::Lease => &LEASE_SHA,
+            Entry::Hold => &HOLD_SHA,
         }
     }
 }
@@ -144,6 +162,9 @@ fn algorithm_code(kind: AlgorithmKind) -> u8 {
         AlgorithmKind::SlidingLog => 3,
         AlgorithmKind::TokenBucket => 4,
         AlgorithmKind::Gcra => 5,
+        // No algorithm of the main script: it refuses the call (the hold script
+        // decides concurrency limits).
+        AlgorithmKind::Concurrency => 6,
     }
 }
 

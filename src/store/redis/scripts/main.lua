@@ -3,7 +3,8 @@
 --       clock also lengthens TTLs by an hour, since its time is not Redis's)
 --   [2] '1' to charge, '0' to peek
 --   [3] number of rules, then per rule: its number of limits, and per limit:
---       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra),
+--       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra;
+--       6, a concurrency limit, is refused: hold.lua decides those),
 --       limit, period (µs), burst, and 1 when every charge counts (on_over_limit:
 --       charge: a refused charge is taken too, into debt), else 0;
 --   then per run of consecutive checks with the same rule and cost: the rule (1-based
@@ -56,7 +57,12 @@ for r = 1, rule_count do
     end
     q.limit, q.period, q.burst = ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0
     q.debt = ARGV[a + 5] == '1'
-    kinds[i], algos[i], invalid[i] = kind, ALGOS[kind], is_invalid_for(kind, q)
+    local algo = ALGOS[kind]
+    -- Concurrency limits (6) are the hold script's, never decided here.
+    if algo == nil then
+      return redis.error_reply('sluice check: no algorithm ' .. ARGV[a + 1])
+    end
+    kinds[i], algos[i], invalid[i] = kind, algo, is_invalid_for(kind, q)
     a = a + 5
   end
   rule.n = n

@@ -6,6 +6,7 @@ mod batching;
 mod hotkeys_load;
 mod key_prefix;
 mod redis_deadlines;
+mod redis_hold;
 mod redis_lease;
 mod redis_memory;
 mod redis_scripts;

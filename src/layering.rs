@@ -26,7 +26,7 @@ const TOP_LEVEL: &[&[&str]] = &[
 
 /// `store/redis/`'s modules from the top down (its `mod.rs`, the store, is above all).
 const STORE_REDIS: &[&[&str]] = &[
-    &["lease", "batcher"],
+    &["lease", "hold", "batcher"],
     &["call"],
     &["health"],
     &["nodes"],

@@ -297,10 +297,13 @@ async fn serve<S: Store>(
     let drain_timeout = settings.drain_timeout;
     let drain_health = health.clone();
     let drain_lifecycle = lifecycle.clone();
+    let drain_service = service.clone();
     let drain = async move {
         shutdown.await;
         tracing::info!("shutdown requested: draining");
         drain_lifecycle.start_draining();
+        // Delayed answers go out at once: their callers are not kept past the drain.
+        drain_service.limiter().delays().drain();
         set_health(&drain_health, false).await;
         tokio::time::sleep(drain_delay).await;
         tracing::info!("listeners closing; waiting for in-flight calls");

@@ -74,6 +74,13 @@ pub struct LayerLabel {
     pub layer: &'static str,
 }
 
+/// How a delayed answer ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `answered`, `drained` or `late`.
+    pub outcome: &'static str,
+}
+
 /// A rule label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RuleLabel {
@@ -201,6 +208,13 @@ pub struct Metrics {
     /// Tokio tasks alive on Sluice's runtimes (the main one and every serving thread's),
     /// read at each scrape.
     pub(crate) runtime_alive_tasks: Gauge,
+    /// Answers held back by a delay (`max_delay`), waiting now.
+    pub(crate) delayed_pending: Gauge,
+    /// Delayed answers, by how they ended: `answered` after the wait, `drained` at once
+    /// by a shutdown, `late` refused (the wait would have outlived the call's deadline).
+    pub(crate) delayed_answers: Family<OutcomeLabel, Counter>,
+    /// The waits of delayed answers, in seconds.
+    pub(crate) delay_seconds: Histogram,
     /// The runtimes whose tasks `runtime_alive_tasks` counts.
     runtimes: Mutex<Vec<tokio::runtime::Handle>>,
     /// One scrape at a time moves the CPU counter to the `/proc` reading.
@@ -583,10 +597,31 @@ impl Metrics {
             "Tokio tasks alive on Sluice's runtimes (main and serving threads)",
             runtime_alive_tasks.clone(),
         );
+        let delayed_pending = Gauge::default();
+        registry.register(
+            "delayed_answers_pending",
+            "Answers held back by a delay (max_delay), waiting now",
+            delayed_pending.clone(),
+        );
+        let delayed_answers = Family::default();
+        registry.register(
+            "delayed_answers",
+            "Delayed answers by outcome: answered after the wait, drained by a shutdown, or late (refused: past the call's deadline)",
+            delayed_answers.clone(),
+        );
+        let delay_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "delay_seconds",
+            "Waits of delayed answers (max_delay), in seconds",
+            delay_seconds.clone(),
+        );
         Self {
             config_last_success,
             config_failing,
             runtime_alive_tasks,
+            delayed_pending,
+            delayed_answers,
+            delay_seconds,
             runtimes: Mutex::new(Vec::new()),
             process_resident_memory,
             process_cpu,

@@ -236,10 +236,7 @@ mod tests {
             ],
         );
         let allowed: Vec<bool> = d.iter().map(|d| d.allowed).collect();
-        assert_eq!(
-            allowed,
-            [true, false, true, false, true, true, true, false]
-        );
+        assert_eq!(allowed, [true, false, true, false, true, true, true, false]);
     }
 
     #[test]

@@ -88,6 +88,13 @@ impl AlgorithmKind {
             .find(|kind| kind.as_str() == name)
     }
 
+    /// Whether a refused request can be admitted later instead (`max_delay`): the
+    /// algorithms whose state, decided at a later instant, reserves that instant (a
+    /// window counter would count the reservation in its window, not at its instant).
+    pub const fn delays(self) -> bool {
+        matches!(self, Self::TokenBucket | Self::Gcra)
+    }
+
     /// Every rate algorithm: all but [`AlgorithmKind::Concurrency`], which counts
     /// requests in flight and is decided with a slot.
     pub const ALL: [AlgorithmKind; 5] = [
@@ -155,7 +162,9 @@ pub struct Decision {
     pub remaining: u64,
     /// Time until the limit is whole again (fixed window: until the window ends).
     pub reset_after: Micros,
-    /// Time until a request of the same cost would be admitted; zero when allowed.
+    /// Refused: the time until a request of the same cost would be admitted. Allowed:
+    /// zero, or the wait a delayed admission is answered after (`max_delay`, see
+    /// [`decide_delayed`]).
     pub retry_after: Micros,
     /// Units in use after this decision as the algorithm counts them, including the
     /// cost of a refused request (for fixed window, the window counter after the
@@ -356,6 +365,45 @@ pub fn decide(
     quota: &Quota,
 ) -> (Decision, State) {
     apply(kind, state, Op::Charge, now, cost, quota)
+}
+
+/// [`decide`], where a refused request that would be admitted within `max_wait` is
+/// admitted *then* instead (`max_delay`): it is decided at `now + wait` (`wait` its
+/// `retry_after`, the exact earliest instant it passes), so the state reserves its
+/// units at that instant, and the decision is allowed with `retry_after = wait`, the
+/// wait the caller answers after. `remaining` and `reset_after` are those after the
+/// reservation, `reset_after` counted from `now`. Only the algorithms that
+/// [`AlgorithmKind::delays`] delay; the others answer as [`decide`]. Later requests see
+/// the reservation: those algorithms treat a state dated after `now` as at that date,
+/// never as room.
+pub fn decide_delayed(
+    kind: AlgorithmKind,
+    state: &State,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+    max_wait: Micros,
+) -> (Decision, State) {
+    let (decision, next) = decide(kind, state, now, cost, quota);
+    // The sliding log delays by less than its window only: its units admitted now are
+    // then still in the window the reservation is decided in (as its Lua mirror reads
+    // them).
+    let too_long = kind == AlgorithmKind::SlidingLog && decision.retry_after >= quota.period;
+    if decision.allowed || decision.retry_after > max_wait || !kind.delays() || too_long {
+        return (decision, next);
+    }
+    let wait = decision.retry_after;
+    let (later, reserved) = decide(kind, state, now.saturating_add(wait), cost, quota);
+    if !later.allowed {
+        // A cost above the capacity: never admitted, whatever the wait.
+        return (decision, next);
+    }
+    let delayed = Decision {
+        retry_after: wait,
+        reset_after: later.reset_after.saturating_add(wait),
+        ..later
+    };
+    (delayed, reserved)
 }
 
 /// Gives `units` hits back with algorithm `kind` over a stored `state` (see

@@ -52,6 +52,7 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
         limits,
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let mut decisions = Vec::with_capacity(1);
     let mut seed = 0u64;

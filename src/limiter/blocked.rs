@@ -218,6 +218,7 @@ mod tests {
             limits: limits.into(),
             cost,
             refund: false,
+            max_wait: 0,
         }
     }
 

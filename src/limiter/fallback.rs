@@ -70,6 +70,7 @@ impl Fallback {
                         .collect(),
                     cost: check.cost,
                     refund: check.refund,
+                    max_wait: 0,
                 };
                 // The memory store cannot fail.
                 let _ = self

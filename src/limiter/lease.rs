@@ -337,6 +337,7 @@ mod tests {
             .into(),
             cost,
             refund: false,
+            max_wait: 0,
         }
     }
 

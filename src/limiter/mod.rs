@@ -6,6 +6,7 @@
 //! in here, between the rules and the store call.
 
 pub(crate) mod blocked;
+pub(crate) mod delay;
 pub(crate) mod explain;
 pub(crate) mod fallback;
 mod hotkeys;
@@ -103,7 +104,18 @@ pub fn store_check(
         limits,
         cost,
         refund: false,
+        max_wait: 0,
     }
+}
+
+/// The caller's deadlines (from `grpc-timeout`; none without one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Deadlines {
+    /// Store calls are abandoned then (a share of the caller's time: the failure mode
+    /// still answers in time).
+    pub(crate) store: Option<Instant>,
+    /// The caller gives up then: a delayed answer must be sent before.
+    pub(crate) answer: Option<Instant>,
 }
 
 /// What applies to one descriptor.
@@ -129,6 +141,22 @@ pub struct Limited<'r> {
     pub(crate) decision: Decision,
     /// Whether the answer is OVER_LIMIT (false for shadow rules, whatever the store said).
     pub over_limit: bool,
+}
+
+impl Limited<'_> {
+    /// The wait this admission is answered after (`max_delay`), if it was delayed.
+    pub(crate) fn waits(&self) -> Option<Micros> {
+        (self.decision.allowed && self.decision.retry_after > 0)
+            .then_some(self.decision.retry_after)
+    }
+
+    /// Turns a delayed admission whose wait would outlive the caller's deadline into a
+    /// refusal (its reservation stays charged: a refusal never admits past the limit).
+    pub(crate) fn refuse_late(&mut self) {
+        self.decision.allowed = false;
+        self.decision.remaining = 0;
+        self.over_limit = !self.rule.shadow_mode;
+    }
 }
 
 /// Why a request could not be decided.
@@ -198,6 +226,8 @@ pub struct Limiter<S> {
     leases: Leases,
     /// Where units admitted for `ledger: true` limits are recorded (never awaited).
     ledger: Option<Arc<Ledger>>,
+    /// Answers held back by a delay (`max_delay`).
+    delays: delay::Delays,
 }
 
 /// A descriptor waiting for its decision.
@@ -236,6 +266,7 @@ impl<S: Store> Limiter<S> {
         );
         Self {
             settings,
+            delays: delay::Delays::new(delay::MAX_PENDING, metrics.clone()),
             metrics,
             blocked: BlockedCache::new(blocked::DEFAULT_CAPACITY),
             fallback: Fallback::new(settings.replicas, clock.clone()),
@@ -271,6 +302,11 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// The answers held back by a delay.
+    pub(crate) fn delays(&self) -> &delay::Delays {
+        &self.delays
+    }
+
     /// Decides every descriptor of `request` under `rules`; one verdict per descriptor,
     /// in request order.
     pub async fn check<'r>(
@@ -278,25 +314,31 @@ impl<S: Store> Limiter<S> {
         rules: &'r Rules,
         request: &CheckRequest<'_>,
     ) -> Result<Vec<Verdict<'r>>, LimiterError> {
-        self.check_within(rules, request, None).await
+        self.check_within(rules, request, Deadlines::default())
+            .await
     }
 
-    /// [`Limiter::check`], with store calls abandoned at `deadline` (the caller's own,
-    /// from `grpc-timeout`): past it, checks take their rule's failure mode. Four steps:
-    /// match every descriptor, answer what the local layers can, ask the store the rest,
-    /// and turn its decisions into verdicts.
+    /// [`Limiter::check`], within the caller's `deadlines` (from `grpc-timeout`): store
+    /// calls are abandoned at the store's, past which checks take their rule's failure
+    /// mode; a delay (`max_delay`) ends before the answer's. Four steps: match every
+    /// descriptor, answer what the local layers can, ask the store the rest, and turn
+    /// its decisions into verdicts.
     pub(crate) async fn check_within<'r>(
         &self,
         rules: &'r Rules,
         request: &CheckRequest<'_>,
-        deadline: Option<Instant>,
+        deadlines: Deadlines,
     ) -> Result<Vec<Verdict<'r>>, LimiterError> {
+        let deadline = deadlines.store;
         let mut verdicts = Vec::with_capacity(request.descriptors.len());
         // Room for the descriptors left is made at the first match (none: no allocation):
         // a grown vector would start at four, and both live across the store's round trip.
         let mut pending = Vec::new();
         let mut checks = Vec::new();
         let replaced = self.match_all(rules, request, &mut verdicts, &mut pending, &mut checks);
+        if pending.iter().any(|item| item.rule.delays()) {
+            self.allow_waits(&pending, &mut checks, deadlines.answer);
+        }
         if let Some(item) = pending
             .iter()
             .zip(&checks)
@@ -350,6 +392,24 @@ impl<S: Store> Limiter<S> {
             &mut verdicts,
         );
         Ok(verdicts)
+    }
+
+    /// Step 1b, for rules that delay: how long each of their charges may wait
+    /// (`max_delay`, within the caller's deadline `answer_by` and the bound on answers
+    /// waiting at once).
+    fn allow_waits(
+        &self,
+        pending: &[Pending<'_>],
+        checks: &mut [StoreCheck],
+        answer_by: Option<Instant>,
+    ) {
+        let budget = self.delays.budget(answer_by);
+        for (item, check) in pending.iter().zip(checks) {
+            let max_delay = item.rule.limits.first().map_or(0, |limit| limit.max_delay);
+            if !check.refund && check.cost > 0 {
+                check.max_wait = max_delay.min(budget);
+            }
+        }
     }
 
     /// Step 1: matches every descriptor ([`matching::match_descriptor`]). A limited one
@@ -625,6 +685,7 @@ impl<S: Store> Limiter<S> {
             limits: check.limits.clone(),
             cost: 0,
             refund: false,
+            max_wait: 0,
         };
         let mut seen = Vec::new();
         let looked = within(deadline, &self.metrics, self.store.peek(&probe, &mut seen));

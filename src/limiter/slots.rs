@@ -72,7 +72,10 @@ impl<S: Store> super::Limiter<S> {
                 if mode == FailureMode::Error {
                     return Err(LimiterError::Store(error));
                 }
-                (self.fallback.hold(mode, &call).await, DecidedBy::FailureMode)
+                (
+                    self.fallback.hold(mode, &call).await,
+                    DecidedBy::FailureMode,
+                )
             }
         };
         let index = item.index;

@@ -333,7 +333,10 @@ fn concurrency(
     };
     RuleLimits {
         name: (!name.is_empty()).then(|| name.into()),
-        limits: (errors.len() == before).then_some(limit).into_iter().collect(),
+        limits: (errors.len() == before)
+            .then_some(limit)
+            .into_iter()
+            .collect(),
         unlimited: false,
         replaces,
     }
@@ -408,10 +411,7 @@ fn max_delay(
         errors,
     );
     let mut refuse = |why: String| errors.push(ConfigError::sluice(file, &path, why));
-    if !matches!(
-        algorithm,
-        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::SlidingLog
-    ) {
+    if !algorithm.delays() {
         refuse(format!(
             "max_delay is only valid with algorithm token_bucket, gcra or sliding_log, not {}",
             algorithm.as_str()
@@ -419,6 +419,17 @@ fn max_delay(
     }
     if raw.lease.is_some() {
         refuse("max_delay cannot be combined with lease: a delay is reserved in the store".into());
+    }
+    let window = raw
+        .unit
+        .as_deref()
+        .and_then(Unit::parse)
+        .map_or(0, Unit::micros);
+    if algorithm == AlgorithmKind::SlidingLog && delay >= window && window > 0 {
+        refuse(
+            "a sliding_log's max_delay must be shorter than its unit: its log keeps one window"
+                .into(),
+        );
     }
     if raw.on_over_limit.as_deref() == Some(OnOverLimit::Charge.as_str()) {
         refuse("max_delay cannot be combined with on_over_limit: charge: a charge that always counts is never delayed".into());

@@ -205,6 +205,11 @@ impl Rule {
             .any(|limit| limit.algorithm == AlgorithmKind::Concurrency)
     }
 
+    /// Whether a refused charge may be admitted later instead (`max_delay`).
+    pub(crate) fn delays(&self) -> bool {
+        self.limits.iter().any(|limit| limit.max_delay > 0)
+    }
+
     /// Whether only the store may answer this rule's checks: a concurrency limit (a
     /// slot freed by a release the local layers never see) or a limit that delays
     /// (`max_delay`: the store reserves the wait).

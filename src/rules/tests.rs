@@ -583,7 +583,10 @@ fn max_delay_is_for_algorithms_that_know_when_a_request_passes() {
     )
     .expect("compiles");
     assert!(
-        rules.dump_lines().iter().any(|l| l.contains("max_delay=2000ms")),
+        rules
+            .dump_lines()
+            .iter()
+            .any(|l| l.contains("max_delay=2000ms")),
         "{:?}",
         rules.dump_lines()
     );

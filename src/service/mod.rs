@@ -4,6 +4,7 @@
 
 mod builder;
 pub(crate) mod debug;
+mod delayed;
 pub(crate) mod errors;
 pub mod request;
 pub mod response;
@@ -16,7 +17,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::limiter::explain::Explanation;
-use crate::limiter::{Limiter, LimiterError};
+use crate::limiter::{Deadlines, Limiter, LimiterError};
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::live::LiveRules;
@@ -87,14 +88,18 @@ impl<S: Store> Service<S> {
         timeout: Option<Duration>,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = Instant::now();
-        let deadline = timeout
-            .map(|timeout| tokio::time::Instant::from_std(started) + timeout.mul_f64(STORE_SHARE));
+        let deadlines = Deadlines {
+            store: timeout.map(|timeout| {
+                tokio::time::Instant::from_std(started) + timeout.mul_f64(STORE_SHARE)
+            }),
+            answer: timeout.map(|timeout| tokio::time::Instant::from_std(started) + timeout),
+        };
         let span = tracing::debug_span!(
             "rls.request",
             domain = %request.domain,
             descriptors = request.descriptors.len(),
         );
-        let result = self.decide(request, deadline).instrument(span).await;
+        let result = self.decide(request, deadlines).instrument(span).await;
         self.metrics
             .request_duration
             .observe(started.elapsed().as_secs_f64());
@@ -135,13 +140,13 @@ impl<S: Store> Service<S> {
     async fn decide(
         &self,
         request: &RateLimitRequest,
-        deadline: Option<tokio::time::Instant>,
+        deadlines: Deadlines,
     ) -> Result<RateLimitResponse, ServiceError> {
         let check = request::to_check_request(request, &self.bounds)?;
         let rule_set = self.rules.current().ok_or(ServiceError::NoRules)?;
-        let verdicts = self
+        let mut verdicts = self
             .limiter
-            .check_within(&rule_set.rules, &check, deadline)
+            .check_within(&rule_set.rules, &check, deadlines)
             .await
             .map_err(|error| match error {
                 LimiterError::Store(error) => ServiceError::Store(error),
@@ -149,6 +154,16 @@ impl<S: Store> Service<S> {
                     ServiceError::InvalidArgument(refused.to_string())
                 }
             })?;
+        if let Some(wait) = delayed::longest_wait(&verdicts) {
+            // Boxed: only a delayed answer pays for the wait's future.
+            Box::pin(delayed::wait(
+                self.limiter.delays(),
+                &mut verdicts,
+                wait,
+                deadlines.answer,
+            ))
+            .await;
+        }
         if let Some(debug) = &self.debug {
             debug.observe(&check, &verdicts, self.options.global_shadow_mode);
         }

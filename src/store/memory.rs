@@ -118,7 +118,9 @@ impl MemoryStore {
             Some(Slot {
                 state: State::Concurrency(state),
                 expires_at,
-            }) if *expires_at > now => concurrency::hold(state, now, call.op, call.slot, &call.quota),
+            }) if *expires_at > now => {
+                concurrency::hold(state, now, call.op, call.slot, &call.quota)
+            }
             _ => concurrency::hold(&Default::default(), now, call.op, call.slot, &call.quota),
         };
         if call.op != SlotOp::Probe {
@@ -218,6 +220,15 @@ impl Shard {
         // calls rather than a function pointer: the charge stays inlined.
         if check.refund && check.cost > 0 {
             algorithm::refund(limit.algorithm, state, now, check.cost, &limit.quota)
+        } else if check.max_wait > 0 && check.limits.len() == 1 {
+            algorithm::decide_delayed(
+                limit.algorithm,
+                state,
+                now,
+                check.cost,
+                &limit.quota,
+                check.max_wait,
+            )
         } else {
             algorithm::decide(limit.algorithm, state, now, check.cost, &limit.quota)
         }

@@ -38,6 +38,9 @@ pub struct StoreCheck {
     /// A negative hit: `cost` units are given back ([`crate::algorithm::refund`]),
     /// never refused.
     pub refund: bool,
+    /// The longest wait a refused charge may be admitted after instead
+    /// ([`crate::algorithm::decide_delayed`]; single-limit checks only): 0, never.
+    pub max_wait: Micros,
 }
 
 /// A lease call (DESIGN §6, layer 3) for one single-limit check: return what is unused

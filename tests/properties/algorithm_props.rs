@@ -153,6 +153,9 @@ proptest! {
                     prop_assert!(u128::from(rolling) <= u128::from(limit) + extra,
                         "rolling {} limit {} extra {}", rolling, limit, extra);
                 }
+                AlgorithmKind::Concurrency => {
+                    prop_assert!(false, "kind() yields rate algorithms only");
+                }
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => {
                     // Over [t_j, t]: admitted ≤ burst + limit × (t - t_j) / period.
                     for earlier in events[..=i].iter().filter(|e| e.decision.allowed) {

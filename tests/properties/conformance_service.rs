@@ -256,6 +256,7 @@ impl Harness {
             .into(),
             cost: hits,
             refund: false,
+            max_wait: 0,
         };
         let mut decisions = Vec::new();
         self.store

@@ -124,6 +124,9 @@ proptest! {
                 AlgorithmKind::SlidingLog => {
                     prop_assert!(net(&events, t.saturating_sub(p), t) <= limit);
                 }
+                AlgorithmKind::Concurrency => {
+                    prop_assert!(false, "kind() yields rate algorithms only");
+                }
                 AlgorithmKind::TokenBucket | AlgorithmKind::Gcra => {
                     for earlier in events[..=i].iter().filter(|e| !e.refund && e.decision.allowed) {
                         let d = t - earlier.now;

@@ -42,6 +42,7 @@ fn check(domain: &str, value: &str) -> StoreCheck {
         .into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     }
 }
 

@@ -38,6 +38,7 @@ fn check(value: &str, algorithm: AlgorithmKind) -> StoreCheck {
         limits,
         cost: 1,
         refund: false,
+        max_wait: 0,
     }
 }
 

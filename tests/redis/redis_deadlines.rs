@@ -90,6 +90,7 @@ fn spawn_calls(
                 .into(),
                 cost: 1,
                 refund: false,
+                max_wait: 0,
             };
             let started = Instant::now();
             let mut decisions = Vec::new();

@@ -90,14 +90,22 @@ async fn mirror(redis: &RedisStore) {
                 .hold_at(&call, Clock::now(&*clock))
                 .await
                 .expect("redis");
-            assert_eq!(expected, actual, "seed {seed} step {step}: {quota:?} {op:?}");
+            assert_eq!(
+                expected, actual,
+                "seed {seed} step {step}: {quota:?} {op:?}"
+            );
         }
     }
 }
 
 /// `calls` acquires of distinct slots, sent at once, half through each store: how many
 /// were admitted.
-async fn acquire_at_once(stores: [&RedisStore; 2], key: CounterKey, from: usize, calls: usize) -> usize {
+async fn acquire_at_once(
+    stores: [&RedisStore; 2],
+    key: CounterKey,
+    from: usize,
+    calls: usize,
+) -> usize {
     let quota = Quota {
         limit: 7,
         period: 60_000_000,

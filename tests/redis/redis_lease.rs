@@ -55,6 +55,7 @@ fn check(key: u128, algorithm: AlgorithmKind, cost: u64) -> StoreCheck {
         .into(),
         cost,
         refund: false,
+        max_wait: 0,
     }
 }
 

@@ -53,6 +53,7 @@ async fn memory_usage_per_key() {
             .into(),
             cost: 1,
             refund: false,
+            max_wait: 0,
         };
         for _ in 0..requests {
             let mut out = Vec::new();

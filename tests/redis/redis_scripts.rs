@@ -80,6 +80,7 @@ async fn lua_mirrors_rust_through_evalsha() {
 async fn mirror(redis: &sluice::store::redis::RedisStore) {
     let t0: Micros = 1_800_000_000_000_000;
     let mut compared = 0usize;
+    let mut delayed = 0usize;
     for seed in 1..=400u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let clock = Arc::new(ManualClock::new(t0 + rng.below(10_000_000)));
@@ -126,11 +127,18 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
             let peek = rng.below(8) == 0;
             // A negative hit now and then: every algorithm's refund, Lua against Rust.
             let refund = !peek && rng.below(5) == 0;
+            // A delay now and then (max_delay): admitted at the wait instead, Lua
+            // against Rust; the script ignores it for several limits, as Rust does.
+            let max_wait = match rng.below(2) {
+                0 => rng.below(2 * period + 2),
+                _ => 0,
+            };
             let check = StoreCheck {
                 key,
                 limits: limits.clone().into(),
                 cost,
                 refund,
+                max_wait,
             };
             let mut expected: Vec<Decision> = Vec::new();
             let mut actual: Vec<Decision> = Vec::new();
@@ -153,12 +161,17 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
                 .expect("redis");
             assert_eq!(
                 expected, actual,
-                "seed {seed} step {step}: limits {limits:?} cost {cost} peek {peek} refund {refund}"
+                "seed {seed} step {step}: limits {limits:?} cost {cost} peek {peek} refund {refund} max_wait {max_wait}"
             );
             compared += 1;
+            delayed += expected
+                .iter()
+                .filter(|d| d.allowed && d.retry_after > 0)
+                .count();
         }
     }
     assert_eq!(compared, 400 * 60);
+    assert!(delayed > 100, "only {delayed} delayed admissions compared");
 }
 
 /// Several descriptors and same-key checks in one script call are decided in arrival
@@ -197,8 +210,10 @@ async fn one_call_decides_many_checks_in_order() {
                         key: keys[i],
                         limits: specs[i].clone().into(),
                         cost: rng.below(4),
-                        // Refunds among the charges of one call, decided in order.
+                        // Refunds among the charges of one call, decided in order, and
+                        // delays: admitted later, the next checks of the call seeing it.
                         refund: rng.below(4) == 0,
+                        max_wait: if rng.below(2) == 0 { 3_000_000 } else { 0 },
                     }
                 })
                 .collect();
@@ -209,7 +224,7 @@ async fn one_call_decides_many_checks_in_order() {
                 .check_at(&checks, true, clock.now_value(), &mut actual)
                 .await
                 .expect("redis");
-            assert_eq!(expected, actual, "round {round}");
+            assert_eq!(expected, actual, "round {round}: {checks:?}");
         }
     }
 }
@@ -235,6 +250,7 @@ async fn a_call_of_thousands_of_keys_reads_every_state() {
         limits: vec![LimitCheck { algorithm, quota }].into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let algorithm_of = |key: u128| KINDS[(key % 5) as usize];
     // Round 1 stores a state under each of 1 200 keys; round 2 reads them back in an
@@ -286,6 +302,7 @@ async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
                 limits: vec![LimitCheck { algorithm, quota }].into(),
                 cost: 1,
                 refund: false,
+                max_wait: 0,
             };
             let delete = |key: u128| store_raw(&server, CounterKey(base + key), &["DEL"]);
             // Each call: (the keys Redis sees, the keys the memory store sees).
@@ -383,6 +400,7 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                 .into(),
                 cost: 2,
                 refund: false,
+                max_wait: 0,
             };
             store_raw(&server, key, command);
             let fresh = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
@@ -442,6 +460,7 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
             .into(),
             cost,
             refund: false,
+            max_wait: 0,
         };
         let decide = |cost: u64| {
             let (redis, memory) = (&redis, &memory);
@@ -522,6 +541,7 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
             limits: vec![LimitCheck { algorithm, quota }].into(),
             cost: 2,
             refund: false,
+            max_wait: 0,
         };
         store_raw(&server, damaged, command);
         let memory = MemoryStore::new(1_000, Arc::new(ManualClock::new(now)));
@@ -608,6 +628,7 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         .into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let name = sluice::store::redis::script::limit_key(&Default::default(), key, 0);
     server.cli(&["SET", &name, "t 9.25 1800000000000000"]);
@@ -673,6 +694,7 @@ async fn a_sliding_log_check_costs_redis_the_same_whatever_its_length() {
         .into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let start: Micros = 1_800_000_000_000_000;
     let (full, short) = (check(1), check(2));

@@ -58,6 +58,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             limits: vec![limit(kind, 5, 5)].into(),
             cost: 1,
             refund: false,
+            max_wait: 0,
         };
         let mut allowed = 0;
         for _ in 0..7 {
@@ -75,6 +76,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             limits: vec![limit(kind, 10, 10)].into(),
             cost: 0,
             refund: false,
+            max_wait: 0,
         };
         let heavy = StoreCheck {
             cost: 3,
@@ -107,6 +109,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             limits: vec![limit(kind, 3, 3), limit(AlgorithmKind::FixedWindow, 10, 10)].into(),
             cost: 1,
             refund: false,
+            max_wait: 0,
         };
         for i in 0..6 {
             let d = one(store, &check).await;
@@ -129,6 +132,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         limits: vec![limit(AlgorithmKind::FixedWindow, 2, 2)].into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let mut used = Vec::new();
     for _ in 0..4 {
@@ -145,6 +149,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             limits: vec![limit(kind, 5, 5)].into(),
             cost,
             refund,
+            max_wait: 0,
         };
         let mut admitted = Vec::new();
         for (cost, refund) in [
@@ -170,6 +175,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
         limits: vec![debt, limit(AlgorithmKind::FixedWindow, 10, 10)].into(),
         cost: 2,
         refund: false,
+        max_wait: 0,
     };
     let mut used = Vec::new();
     for _ in 0..3 {
@@ -188,6 +194,7 @@ async fn suite<S: Store>(store: &S, run: &str) -> Vec<(bool, u64, u64)> {
             limits: vec![limit(KINDS[i % 5], 1, 1)].into(),
             cost: 1,
             refund: false,
+            max_wait: 0,
         })
         .collect();
     let mut out = Vec::new();
@@ -226,6 +233,7 @@ async fn memory_redis_and_cluster_answer_alike() {
         limits: vec![limit(AlgorithmKind::FixedWindow, 5, 5)].into(),
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     one(&over_socket, &shared).await;
     let second = one(&over_tcp, &shared).await;
@@ -291,6 +299,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
         limits: limits.clone(),
         cost: 3,
         refund: false,
+        max_wait: 0,
     };
     assert!(one(&redis, &drain).await[0].allowed);
     assert!(!one(&redis, &drain).await[0].allowed);
@@ -299,6 +308,7 @@ async fn separator_tricks_never_share_a_redis_counter() {
         limits,
         cost: 1,
         refund: false,
+        max_wait: 0,
     };
     let d = one(&redis, &victim).await;
     assert!(d[0].allowed);

@@ -5,6 +5,7 @@
 mod admin;
 #[cfg(feature = "bench")]
 mod bench_tool;
+mod beyond;
 mod cli;
 mod drop_in;
 mod lifecycle;

@@ -6,7 +6,8 @@
 //! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the number of
 //! distinct rules, then per rule its number of limits and per limit five numbers, then
 //! per run of consecutive checks with one rule and cost: the rule's index, the cost
-//! (negative for a refund of that many units) and the number of checks (a batch's checks mostly share both: a few arguments, not two
+//! (negative for a refund of that many units), the number of checks and the longest
+//! wait a refused check may be admitted after (a batch's checks mostly share both: a few arguments, not two
 //! per check, for Redis to read).
 //! The reply is one string: five little-endian doubles per limit (see [`decode`]).
 
@@ -256,7 +257,8 @@ impl Call {
                 Some(current)
                     if current.rule == rule
                         && current.cost == check.cost
-                        && current.refund == check.refund =>
+                        && current.refund == check.refund
+                        && current.max_wait == check.max_wait =>
                 {
                     current.checks += 1;
                 }
@@ -309,6 +311,8 @@ struct Run {
     cost: u64,
     /// The checks give `cost` back.
     refund: bool,
+    /// The longest wait a refused check may be admitted after (0: never).
+    max_wait: Micros,
     checks: u64,
 }
 
@@ -319,12 +323,14 @@ impl Run {
             rule,
             cost: check.cost,
             refund: check.refund,
+            max_wait: check.max_wait,
             checks: 1,
         }
     }
 
-    /// The run's three arguments: rule index (1-based, as Lua counts), cost (negative:
-    /// a refund of that many units), checks.
+    /// The run's four arguments: rule index (1-based, as Lua counts), cost (negative:
+    /// a refund of that many units), checks, and the longest wait a refused check may
+    /// be admitted after.
     fn push_to(self, argv: &mut Vec<Value>) {
         argv.push(number(self.rule as u64 + 1));
         argv.push(if self.refund && self.cost > 0 {
@@ -333,6 +339,7 @@ impl Run {
             number(self.cost)
         });
         argv.push(number(self.checks));
+        argv.push(number(self.max_wait));
     }
 }
 

@@ -39,6 +39,8 @@ local function gcra_tat_of(s, q)
 end
 
 MAKE_ALGO[5] = function() return {
+  -- A refused request can be admitted later (max_delay, Rust AlgorithmKind::delays).
+  delays = true,
   fresh = function() return { tat = 0, frac = 0 } end,
   decode = function(raw)
     local tat, frac = numbers(raw, '^g (%S+) (%S+)$')

@@ -9,7 +9,10 @@
 --       charge: a refused charge is taken too, into debt), else 0;
 --   then per run of consecutive checks with the same rule and cost: the rule (1-based
 --   index into those rules), the cost (negative: a refund of that many units, which
---   every limit gives back and none refuses), and the number of checks in the run.
+--   every limit gives back and none refuses), the number of checks in the run, and
+--   the longest wait (µs) a refused check of a single limit may be admitted after
+--   instead (max_delay, Rust `decide_delayed`: decided at now + its retry_after, and
+--   answered allowed with that retry_after), 0 for none.
 -- Checks are decided in order against a per-call state cache; nothing is written
 -- until every check is decided. Returns one string: 5 little-endian doubles per limit,
 --   allowed (1/0), remaining, reset_after, retry_after, used
@@ -71,9 +74,9 @@ end
 
 local o = 0
 local k = 1
--- Consecutive checks of one rule and cost come as one run: the rule, the cost, and
--- how many checks.
-for c = a, #ARGV, 3 do
+-- Consecutive checks of one rule and cost come as one run: the rule, the cost, how
+-- many checks, and the longest wait.
+for c = a, #ARGV, 4 do
   local r = ARGV[c] + 0
   -- Past this call's rules, `rules` holds an earlier call's: never decided by.
   if not (r >= 1 and r <= rule_count) then
@@ -83,6 +86,8 @@ for c = a, #ARGV, 3 do
   local cost = ARGV[c + 1] + 0
   local refund = cost < 0
   if refund then cost = -cost end
+  local max_wait = ARGV[c + 3] + 0
+  if refund or rule.n ~= 1 then max_wait = 0 end
   local n, kinds, quotas, algos, invalid = rule.n, rule.kinds, rule.quotas, rule.algos, rule.invalid
   for _ = 1, ARGV[c + 2] + 0 do
     local first = k
@@ -115,6 +120,11 @@ for c = a, #ARGV, 3 do
         allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, q)
       else
         allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
+        -- The sliding log (3) delays by less than its window only (Rust decide_delayed).
+        if not allowed and retry <= max_wait and algo.delays and (kind ~= 3 or retry < q.period) then
+          allowed, remaining, reset, used, next, changed =
+            delayed(algo, state, now, cost, q, retry, allowed, remaining, reset, used, next, changed)
+        end
       end
       if not allowed then all_allowed = false end
       -- A committed decision over an expired state drops it, as the memory store does.

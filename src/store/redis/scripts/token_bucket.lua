@@ -50,6 +50,8 @@ local function tb_drained_after(s, from, tokens, q)
 end
 
 MAKE_ALGO[4] = function() return {
+  -- A refused request can be admitted later (max_delay, Rust AlgorithmKind::delays).
+  delays = true,
   fresh = function() return { deficit = 0, last = 0 } end,
   decode = function(raw)
     local deficit, last

@@ -1,8 +1,9 @@
 //! End-to-end tests with real tools (Envoy, Helm's engine, Kubernetes schemas), found in
 //! the virtualenv `scripts/test` installs: Envoy in front of Sluice (memory and Redis
-//! stores, mTLS, HTTP/2 limits), the Helm chart, its alerts and dashboard (promtool), and
-//! the Istio patches.
+//! stores, mTLS, HTTP/2 limits, the book's patterns beyond requests per second), the Helm
+//! chart, its alerts and dashboard (promtool), and the Istio patches.
 
+mod beyond_rps;
 mod connection_age;
 mod envoy;
 mod envoy_gateway;

@@ -36,8 +36,14 @@ pub fn repo_root() -> PathBuf {
 
 /// The `sluice` binary of this build. Cargo builds it for every integration test, in
 /// the directory above the test binaries' `deps/` (`CARGO_BIN_EXE_sluice` is set for the
-/// test binaries only, not for this crate).
+/// test binaries only, not for this crate). `SLUICE_BIN` names another one (a build of
+/// another branch), as for `scripts/check-docs`.
 pub fn sluice_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_BIN") {
+        let bin = PathBuf::from(path);
+        assert!(bin.is_file(), "SLUICE_BIN={} does not exist", bin.display());
+        return bin;
+    }
     let test_binary = std::env::current_exe().expect("path of the test binary");
     let bin = test_binary
         .parent()

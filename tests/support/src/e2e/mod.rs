@@ -1,9 +1,12 @@
 //! Real processes for the end-to-end tests: the `sluice` binary, Envoy, and the tools the
-//! deployment checks run (the virtualenv's Python). Each process is killed when its
+//! deployment checks run (the virtualenv's Python); and the stand-ins Envoy talks to (an
+//! upstream API, a recording rate limit service). Each process is killed when its
 //! handle drops, even when a test panics; every port is a free loopback port.
 
 pub mod envoy;
+pub mod recording_rls;
 pub mod sluice;
+pub mod upstream;
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -41,6 +44,25 @@ pub fn envoy_bin() -> PathBuf {
 /// The virtualenv's Python (with `helm-python-sdk` and `kubernetes-validate`).
 pub fn python_bin() -> PathBuf {
     venv_tool("SLUICE_PYTHON", "python")
+}
+
+/// The ```yaml block that follows the line `<!-- e2e: NAME -->` in the book page `page`
+/// (a path under the repository): the tests run the configurations the book shows.
+pub fn doc_block(page: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(repo_root().join(page))
+        .unwrap_or_else(|error| panic!("read {page}: {error}"));
+    let marker = format!("<!-- e2e: {name} -->");
+    let mut lines = text
+        .lines()
+        .skip_while(|line| line.trim() != marker)
+        .skip(1);
+    assert_eq!(
+        lines.next().map(str::trim),
+        Some("```yaml"),
+        "{page}: no ```yaml block right after `{marker}`"
+    );
+    let block: Vec<&str> = lines.take_while(|line| line.trim() != "```").collect();
+    block.join("\n") + "\n"
 }
 
 /// `N` distinct loopback ports nothing listens on right now: all are held while they

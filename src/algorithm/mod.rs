@@ -89,8 +89,12 @@ impl AlgorithmKind {
     }
 
     /// Whether a refused request can be admitted later instead (`max_delay`): the
-    /// algorithms whose state, decided at a later instant, reserves that instant (a
-    /// window counter would count the reservation in its window, not at its instant).
+    /// algorithms whose one state, decided at a later instant, reserves that instant
+    /// for every request after it. A window counter would count the reservation in its
+    /// window, not at its instant; the sliding log treats a log dated in the future as
+    /// being then (the rule that keeps a clock stepping back from minting room), so a
+    /// request now would be judged against the future window and pass beside units
+    /// still in the present one (the property test found it).
     pub const fn delays(self) -> bool {
         matches!(self, Self::TokenBucket | Self::Gcra)
     }
@@ -373,7 +377,8 @@ pub fn decide(
 /// units at that instant, and the decision is allowed with `retry_after = wait`, the
 /// wait the caller answers after. `remaining` and `reset_after` are those after the
 /// reservation, `reset_after` counted from `now`. Only the algorithms that
-/// [`AlgorithmKind::delays`] delay; the others answer as [`decide`]. Later requests see
+/// [`AlgorithmKind::delays`] (token bucket, GCRA) delay; the others answer as
+/// [`decide`]. Later requests see
 /// the reservation: those algorithms treat a state dated after `now` as at that date,
 /// never as room.
 pub fn decide_delayed(
@@ -385,11 +390,7 @@ pub fn decide_delayed(
     max_wait: Micros,
 ) -> (Decision, State) {
     let (decision, next) = decide(kind, state, now, cost, quota);
-    // The sliding log delays by less than its window only: its units admitted now are
-    // then still in the window the reservation is decided in (as its Lua mirror reads
-    // them).
-    let too_long = kind == AlgorithmKind::SlidingLog && decision.retry_after >= quota.period;
-    if decision.allowed || decision.retry_after > max_wait || !kind.delays() || too_long {
+    if decision.allowed || decision.retry_after > max_wait || !kind.delays() {
         return (decision, next);
     }
     let wait = decision.retry_after;

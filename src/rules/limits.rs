@@ -388,8 +388,8 @@ fn failure_mode(
     }
 }
 
-/// `max_delay`: only token bucket, GCRA and sliding log know when a refused request
-/// would pass and can reserve it; a delay is never leased (it must reach the store)
+/// `max_delay`: only token bucket and GCRA reserve a later instant in a state every
+/// later request sees ([`AlgorithmKind::delays`]); a delay is never leased (it must reach the store)
 /// nor combined with a debt (a charge that always counts is never delayed).
 fn max_delay(
     file: &str,
@@ -413,26 +413,20 @@ fn max_delay(
     let mut refuse = |why: String| errors.push(ConfigError::sluice(file, &path, why));
     if !algorithm.delays() {
         refuse(format!(
-            "max_delay is only valid with algorithm token_bucket, gcra or sliding_log, not {}",
+            "max_delay is only valid with algorithm token_bucket or gcra (they reserve a later \
+             instant in one state every later request sees), not {}",
             algorithm.as_str()
         ));
     }
     if raw.lease.is_some() {
         refuse("max_delay cannot be combined with lease: a delay is reserved in the store".into());
     }
-    let window = raw
-        .unit
-        .as_deref()
-        .and_then(Unit::parse)
-        .map_or(0, Unit::micros);
-    if algorithm == AlgorithmKind::SlidingLog && delay >= window && window > 0 {
+    if raw.on_over_limit.as_deref() == Some(OnOverLimit::Charge.as_str()) {
         refuse(
-            "a sliding_log's max_delay must be shorter than its unit: its log keeps one window"
+            "max_delay cannot be combined with on_over_limit: charge: a charge that always \
+             counts is never delayed"
                 .into(),
         );
-    }
-    if raw.on_over_limit.as_deref() == Some(OnOverLimit::Charge.as_str()) {
-        refuse("max_delay cannot be combined with on_over_limit: charge: a charge that always counts is never delayed".into());
     }
     delay
 }

@@ -140,7 +140,7 @@ impl MemoryStore {
         let first = decisions.len();
         for (index, limit) in check.limits.iter().enumerate() {
             let key = check.key.for_limit(index);
-            let (decision, _) = shard.decide(key, limit, check, now);
+            let (decision, _) = shard.decide(key, limit, check, commit, now);
             decisions.push(decision);
         }
         if !commit {
@@ -156,7 +156,7 @@ impl MemoryStore {
                 continue;
             }
             let key = check.key.for_limit(index);
-            let (_, next) = shard.decide(key, limit, check, now);
+            let (_, next) = shard.decide(key, limit, check, true, now);
             let expires_at = algorithm::expires_at(&next, &limit.quota);
             let evicted = shard.insert(key, next, expires_at, now, self.shard_capacity);
             if evicted {
@@ -200,12 +200,14 @@ impl Store for MemoryStore {
 
 impl Shard {
     /// Decides `limit` of `check` for `key` (its charge or its refund) from its stored
-    /// state, or a fresh one when the key is absent or expired.
+    /// state, or a fresh one when the key is absent or expired. A peek (`commit` false)
+    /// never delays: a delay is a reservation.
     fn decide(
         &self,
         key: LimitKey,
         limit: &LimitCheck,
         check: &StoreCheck,
+        commit: bool,
         now: Micros,
     ) -> (Decision, State) {
         let fresh;
@@ -220,7 +222,7 @@ impl Shard {
         // calls rather than a function pointer: the charge stays inlined.
         if check.refund && check.cost > 0 {
             algorithm::refund(limit.algorithm, state, now, check.cost, &limit.quota)
-        } else if check.max_wait > 0 && check.limits.len() == 1 {
+        } else if commit && check.max_wait > 0 && check.limits.len() == 1 {
             algorithm::decide_delayed(
                 limit.algorithm,
                 state,

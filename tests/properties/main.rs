@@ -6,6 +6,7 @@ mod algorithm_props;
 mod conformance_rules;
 mod conformance_service;
 mod debt_props;
+mod delay_props;
 mod fuzz_smoke;
 mod hotkeys_replay;
 mod refund_props;

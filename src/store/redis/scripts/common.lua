@@ -148,16 +148,13 @@ local ALGOS = setmetatable({}, {
   end,
 })
 
--- A refused charge admitted after `wait` instead (Rust `decide_delayed`): decided at
--- now + wait over the state read now (moved to that instant by the algorithm's
--- `advance` when its state is a summary of one instant, the sliding log's). Returns
+-- A refused charge admitted after `wait` instead (Rust `decide_delayed`, for the
+-- algorithms marked `delays`): decided at now + wait over the state read now. Returns
 -- the delayed decision's allowed, remaining, reset_after (from now), used, next state
 -- and change, or the refusal given when even then it is not admitted (a cost above
 -- the capacity).
 local function delayed(algo, state, now, cost, q, wait, allowed, remaining, reset, used, next, changed)
-  local later = state
-  if algo.advance then later = algo.advance(state, now + wait, q) end
-  local a2, r2, reset2, _, u2, n2, c2 = algo.decide(later, now + wait, cost, q)
+  local a2, r2, reset2, _, u2, n2, c2 = algo.decide(state, now + wait, cost, q)
   if not a2 then return allowed, remaining, reset, used, next, changed end
   return true, r2, reset2 + wait, u2, n2, c2
 end

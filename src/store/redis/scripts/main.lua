@@ -87,7 +87,8 @@ for c = a, #ARGV, 4 do
   local refund = cost < 0
   if refund then cost = -cost end
   local max_wait = ARGV[c + 3] + 0
-  if refund or rule.n ~= 1 then max_wait = 0 end
+  -- A peek never delays (a delay is a reservation).
+  if refund or rule.n ~= 1 or not commit then max_wait = 0 end
   local n, kinds, quotas, algos, invalid = rule.n, rule.kinds, rule.quotas, rule.algos, rule.invalid
   for _ = 1, ARGV[c + 2] + 0 do
     local first = k
@@ -120,8 +121,7 @@ for c = a, #ARGV, 4 do
         allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, q)
       else
         allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
-        -- The sliding log (3) delays by less than its window only (Rust decide_delayed).
-        if not allowed and retry <= max_wait and algo.delays and (kind ~= 3 or retry < q.period) then
+        if not allowed and retry <= max_wait and algo.delays then
           allowed, remaining, reset, used, next, changed =
             delayed(algo, state, now, cost, q, retry, allowed, remaining, reset, used, next, changed)
         end

@@ -153,20 +153,6 @@ MAKE_ALGO[3] = function() return {
     end
     return true, sat_sub(q.limit, in_window), reset_after, 0, in_window, decided, changed
   end,
-  -- The summary as it reads at `at`, later than it was read (a delayed admission is
-  -- decided then): the stored units that have left the window by then are gone too.
-  -- Only live units leave (a refund's dropped ones are the newest).
-  advance = function(s, at, q)
-    if s.key == nil then return s end
-    local t = at
-    if s.newest > t then t = s.newest end
-    local cutoff = t - q.period
-    if cutoff <= s.cutoff then return s end
-    local extra = redis.call('ZCOUNT', s.key, '(' .. int(s.cutoff), int(cutoff))
-    if extra > s.live then extra = s.live end
-    return { key = s.key, cutoff = cutoff, gone = s.gone + extra, live = s.live - extra,
-      newest = s.newest, stored_newest = s.stored_newest, added = s.added, dropped = s.dropped }
-  end,
   expires_at = function(s, q)
     if s.key or s.added > 0 then return s.newest + q.period end
     return 0

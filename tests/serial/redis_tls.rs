@@ -28,7 +28,7 @@ const PASSWORD: &str = "tls-acl-s3cret";
 
 /// The README's minimal ACL user (the "Shared counters in Redis" section), verbatim but for the
 /// password.
-const ACL_USER: &str = "sluice on >PASSWORD ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +time +get +mget +set +del +pexpire +zadd +zrem +zrange +zcount +zcard +zremrangebyscore +zremrangebyrank +auth +client|id +info +select +cluster|slots +cluster|shards +cluster|info";
+const ACL_USER: &str = "sluice on >PASSWORD ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +time +get +mget +set +del +pexpire +zadd +zrem +zrange +zcount +zcard +zremrangebyscore +zremrangebyrank +zrangebyscore +zscore +type +auth +client|id +info +select +cluster|slots +cluster|shards +cluster|info";
 
 /// Every algorithm, so that every command the script runs meets the ACL.
 const ALGORITHMS: [&str; 5] = [
@@ -47,7 +47,39 @@ fn rules() -> String {
             "  - key: {key}\n    rate_limit: {{unit: day, requests_per_unit: 5, algorithm: {algorithm}, failure_mode: closed}}\n"
         ));
     }
+    // A concurrency limit (the hold script): every request its own slot.
+    yaml.push_str(
+        "  - key: slot\n    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 5, failure_mode: closed}\n",
+    );
     yaml
+}
+
+/// A request phase (`release` false) or stream end of the request whose slot is `slot`.
+async fn hold(server: &TestServer, slot: &str, release: bool) -> Outcome {
+    use sluice::proto::common::rate_limit_descriptor::Entry;
+    use sluice::proto::common::RateLimitDescriptor;
+    use sluice::proto::rls::rate_limit_response::Code;
+    use sluice::proto::rls::RateLimitRequest;
+    let request = RateLimitRequest {
+        domain: "faults".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "slot".into(),
+                value: slot.into(),
+            }],
+            limit: None,
+            hits_addend: Some(1),
+            is_negative_hits: release,
+        }],
+        hits_addend: 0,
+    };
+    let answer = server.client().await.should_rate_limit(request).await;
+    match answer.map(|a| a.into_inner().overall_code) {
+        Ok(code) if code == Code::Ok as i32 => Outcome::Ok,
+        Ok(code) if code == Code::OverLimit as i32 => Outcome::Over,
+        Ok(code) => Outcome::Other(tonic::Code::Ok, code),
+        Err(status) => Outcome::Other(status.code(), -1),
+    }
 }
 
 const INSTALL: &str =
@@ -210,6 +242,18 @@ async fn assert_exact(server: &TestServer, value: &str) {
             outcomes(server, algorithm, value).await,
             exact(),
             "{algorithm}"
+        );
+    }
+    // Concurrency: 5 slots held, then every request's release (5 free theirs).
+    let mut held = Vec::new();
+    for n in 0..10 {
+        held.push(hold(server, &format!("{value}-{n}"), false).await);
+    }
+    assert_eq!(held, exact(), "concurrency");
+    for n in 0..10 {
+        assert_eq!(
+            hold(server, &format!("{value}-{n}"), true).await,
+            Outcome::Ok
         );
     }
 }

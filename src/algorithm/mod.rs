@@ -89,14 +89,11 @@ impl AlgorithmKind {
     }
 
     /// Whether a refused request can be admitted later instead (`max_delay`): the
-    /// algorithms whose one state, decided at a later instant, reserves that instant
-    /// for every request after it. A window counter would count the reservation in its
-    /// window, not at its instant; the sliding log treats a log dated in the future as
-    /// being then (the rule that keeps a clock stepping back from minting room), so a
-    /// request now would be judged against the future window and pass beside units
-    /// still in the present one (the property test found it).
+    /// algorithms whose state, decided at a later instant, reserves that instant for
+    /// every request after it (see [`decide_delayed`]). A window counter would count a
+    /// reservation in its window, not at its instant.
     pub const fn delays(self) -> bool {
-        matches!(self, Self::TokenBucket | Self::Gcra)
+        matches!(self, Self::SlidingLog | Self::TokenBucket | Self::Gcra)
     }
 
     /// Every rate algorithm: all but [`AlgorithmKind::Concurrency`], which counts
@@ -377,10 +374,14 @@ pub fn decide(
 /// units at that instant, and the decision is allowed with `retry_after = wait`, the
 /// wait the caller answers after. `remaining` and `reset_after` are those after the
 /// reservation, `reset_after` counted from `now`. Only the algorithms that
-/// [`AlgorithmKind::delays`] (token bucket, GCRA) delay; the others answer as
-/// [`decide`]. Later requests see
-/// the reservation: those algorithms treat a state dated after `now` as at that date,
-/// never as room.
+/// [`AlgorithmKind::delays`] delay; the others answer as [`decide`].
+///
+/// Every later request sees a reservation. Token bucket and GCRA keep one state that
+/// a reservation moves ahead. The sliding log dates a unit at its newest instant when
+/// that is after `now` (the log is kept in order), so behind a reservation an admission
+/// is dated with it: here it is answered at that date too (`retry_after` the wait to
+/// it), or refused when that is past `max_wait`. So every unit is answered at the
+/// instant the log holds it at, and the log's rolling windows are the answers'.
 pub fn decide_delayed(
     kind: AlgorithmKind,
     state: &State,
@@ -390,7 +391,36 @@ pub fn decide_delayed(
     max_wait: Micros,
 ) -> (Decision, State) {
     let (decision, next) = decide(kind, state, now, cost, quota);
-    if decision.allowed || decision.retry_after > max_wait || !kind.delays() {
+    if !kind.delays() {
+        return (decision, next);
+    }
+    if decision.allowed {
+        let dated = match &next {
+            State::SlidingLog(log) if cost > 0 => log.runs.last().map_or(0, |run| run.at),
+            _ => 0,
+        };
+        if dated <= now {
+            return (decision, next);
+        }
+        let wait = dated - now;
+        if wait > max_wait {
+            let refused = Decision {
+                allowed: false,
+                remaining: 0,
+                retry_after: wait,
+                ..decision
+            };
+            return (refused, state.clone());
+        }
+        return (
+            Decision {
+                retry_after: wait,
+                ..decision
+            },
+            next,
+        );
+    }
+    if decision.retry_after > max_wait {
         return (decision, next);
     }
     let wait = decision.retry_after;

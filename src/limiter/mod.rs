@@ -406,8 +406,11 @@ impl<S: Store> Limiter<S> {
         let budget = self.delays.budget(answer_by);
         for (item, check) in pending.iter().zip(checks) {
             let max_delay = item.rule.limits.first().map_or(0, |limit| limit.max_delay);
-            if !check.refund && check.cost > 0 {
-                check.max_wait = max_delay.min(budget);
+            if !check.refund && check.cost > 0 && max_delay > 0 {
+                // At least 1 µs: a rule that delays is always decided as one, so that a
+                // sliding log refuses an admission dated behind a reservation it could
+                // not wait for (`decide_delayed`).
+                check.max_wait = max_delay.min(budget).max(1);
             }
         }
     }

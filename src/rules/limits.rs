@@ -388,7 +388,7 @@ fn failure_mode(
     }
 }
 
-/// `max_delay`: only token bucket and GCRA reserve a later instant in a state every
+/// `max_delay`: only token bucket, GCRA and sliding log reserve a later instant every
 /// later request sees ([`AlgorithmKind::delays`]); a delay is never leased (it must reach the store)
 /// nor combined with a debt (a charge that always counts is never delayed).
 fn max_delay(
@@ -413,8 +413,8 @@ fn max_delay(
     let mut refuse = |why: String| errors.push(ConfigError::sluice(file, &path, why));
     if !algorithm.delays() {
         refuse(format!(
-            "max_delay is only valid with algorithm token_bucket or gcra (they reserve a later \
-             instant in one state every later request sees), not {}",
+            "max_delay is only valid with algorithm token_bucket, gcra or sliding_log (they \
+             reserve a later instant every later request sees), not {}",
             algorithm.as_str()
         ));
     }

@@ -593,7 +593,7 @@ fn max_delay_is_for_algorithms_that_know_when_a_request_passes() {
     let cases = [
         (
             "{unit: second, requests_per_unit: 5, max_delay: 1s}",
-            "max_delay is only valid with algorithm token_bucket or gcra",
+            "max_delay is only valid with algorithm token_bucket, gcra or sliding_log",
         ),
         (
             "{unit: second, requests_per_unit: 5, algorithm: gcra, max_delay: 2m}",

@@ -1,5 +1,5 @@
 //! Property tests of delayed admissions (`max_delay`, `algorithm::decide_delayed`) on
-//! the algorithms that delay (token bucket, GCRA): a delayed admission is exactly the admission the request
+//! the algorithms that delay (sliding log, token bucket, GCRA): a delayed admission is exactly the admission the request
 //! would get at `now + wait`, the wait is the refusal's exact `retry_after` and never
 //! above `max_wait`, and counting every admitted request at the instant it is answered,
 //! each algorithm keeps its promise (a reservation is never a way past the limit).
@@ -10,7 +10,11 @@ use sluice::algorithm::{decide, decide_delayed, AlgorithmKind, Decision, Micros,
 const T0: Micros = 1_800_000_000_000_000;
 
 fn kind() -> impl Strategy<Value = AlgorithmKind> {
-    prop::sample::select(vec![AlgorithmKind::TokenBucket, AlgorithmKind::Gcra])
+    prop::sample::select(vec![
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+        AlgorithmKind::SlidingLog,
+    ])
 }
 
 fn quota() -> impl Strategy<Value = Quota> {
@@ -50,7 +54,20 @@ proptest! {
             let max_wait = quota.period * wait_permille / 1000;
             let (plain, plain_next) = decide(kind, &state, now, cost, &quota);
             let (decision, next) = decide_delayed(kind, &state, now, cost, &quota, max_wait);
-            if plain.allowed || decision == plain {
+            if plain.allowed && decision != plain {
+                // A sliding log behind a reservation: the admission is dated with it,
+                // and answered then, or refused when that is past max_wait.
+                prop_assert_eq!(kind, AlgorithmKind::SlidingLog);
+                let wait = decision.retry_after;
+                prop_assert!(wait > 0);
+                if decision.allowed {
+                    prop_assert!(wait <= max_wait);
+                    prop_assert_eq!(&next, &plain_next);
+                } else {
+                    prop_assert!(wait > max_wait);
+                    prop_assert_eq!(&next, &state);
+                }
+            } else if plain.allowed || decision == plain {
                 // Nothing to delay, or a wait too long: exactly the plain answer.
                 prop_assert_eq!(decision, plain);
                 prop_assert_eq!(&next, &plain_next);
@@ -72,7 +89,19 @@ proptest! {
             }
             state = next;
         }
-        promise_kept(&quota, &admitted)?;
+        if kind == AlgorithmKind::SlidingLog {
+            // Any rolling window of answers: at most the limit.
+            for end in admitted.iter().map(|a| a.at) {
+                let units: u64 = admitted
+                    .iter()
+                    .filter(|a| a.at + quota.period > end && a.at <= end)
+                    .map(|a| a.cost)
+                    .sum();
+                prop_assert!(units <= quota.limit, "{} units in the window to {}", units, end);
+            }
+        } else {
+            promise_kept(&quota, &admitted)?;
+        }
     }
 }
 
@@ -109,8 +138,15 @@ fn the_algorithms_that_delay_are_the_ones_a_rule_may_give_max_delay() {
         .into_iter()
         .filter(|kind| kind.delays())
         .collect();
-    assert_eq!(delaying, [AlgorithmKind::TokenBucket, AlgorithmKind::Gcra]);
-    // A window counter (and the sliding log) answers as without a delay.
+    assert_eq!(
+        delaying,
+        [
+            AlgorithmKind::SlidingLog,
+            AlgorithmKind::TokenBucket,
+            AlgorithmKind::Gcra
+        ]
+    );
+    // A window counter answers as without a delay.
     let quota = Quota {
         limit: 1,
         period: 1_000_000,

@@ -734,3 +734,57 @@ async fn a_sliding_log_check_costs_redis_the_same_whatever_its_length() {
         cost[1]
     );
 }
+
+/// Delayed admissions of a sliding log (`max_delay`) in batches on one key: reservations
+/// ahead of `now`, admissions dated behind them, refunds and peeks among them, decided in
+/// one call each, exactly as the memory store decides them one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_delays_in_batches_mirror_rust() {
+    let server = RedisServer::start();
+    let redis = connected_store(RedisMode::Standalone, server.url()).await;
+    let mut delayed = 0usize;
+    for seed in 1..=2_000u64 {
+        let mut rng = Rng(seed.wrapping_mul(7919) | 1);
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
+        let memory = MemoryStore::new(1_000, clock.clone());
+        let key = CounterKey(u128::from(seed) + 1_000_000);
+        let limit = LimitCheck {
+            algorithm: AlgorithmKind::SlidingLog,
+            quota: Quota {
+                limit: 1 + rng.below(6),
+                period: 1_000,
+                burst: 1,
+                on_over_limit: Default::default(),
+            },
+        };
+        for call in 0..6 {
+            clock.set(clock.now_value() + rng.below(1_500));
+            let checks: Vec<StoreCheck> = (0..1 + rng.below(6))
+                .map(|_| StoreCheck {
+                    key,
+                    limits: vec![limit].into(),
+                    cost: rng.below(3),
+                    refund: rng.below(5) == 0,
+                    max_wait: if rng.below(2) == 0 {
+                        1 + rng.below(1_800)
+                    } else {
+                        0
+                    },
+                })
+                .collect();
+            let mut expected = Vec::new();
+            let mut actual = Vec::new();
+            memory.check(&checks, &mut expected).await.expect("memory");
+            redis
+                .check_at(&checks, true, clock.now_value(), &mut actual)
+                .await
+                .expect("redis");
+            assert_eq!(expected, actual, "seed {seed} call {call}: {checks:?}");
+            delayed += expected
+                .iter()
+                .filter(|d| d.allowed && d.retry_after > 0)
+                .count();
+        }
+    }
+    assert!(delayed > 300, "only {delayed} delayed admissions compared");
+}

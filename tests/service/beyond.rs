@@ -15,6 +15,8 @@ domain: beyond
 descriptors:
   - key: client
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra, burst: 1, max_delay: 2s}
+  - key: login
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log, max_delay: 2s}
   - key: user
     descriptors:
       - key: request_id
@@ -74,9 +76,19 @@ async fn call(
 /// `calls` calls of one client at once, each with `timeout`: answers and arrival times,
 /// sorted by arrival.
 async fn burst(server: &TestServer, calls: usize, timeout: Duration) -> Vec<(i32, Duration)> {
+    burst_on(server, "client", calls, timeout).await
+}
+
+/// [`burst`] on descriptor `key`.
+async fn burst_on(
+    server: &TestServer,
+    key: &str,
+    calls: usize,
+    timeout: Duration,
+) -> Vec<(i32, Duration)> {
     let started = Instant::now();
     let answers = futures::future::join_all(
-        (0..calls).map(|_| call(server, request(&[("client", "c1")], false), timeout)),
+        (0..calls).map(|_| call(server, request(&[(key, "c1")], false), timeout)),
     )
     .await;
     let mut out: Vec<(i32, Duration)> = answers
@@ -112,6 +124,25 @@ async fn a_burst_is_spaced_instead_of_refused_within_max_delay() {
     );
     assert_eq!(metrics.get("sluice_delayed_answers_pending"), 0.0);
     assert_eq!(metrics.get("sluice_delay_seconds_count"), 19.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_answers_the_next_window_when_the_first_leaves() {
+    let server = start().await;
+    let answers = burst_on(&server, "login", 10, Duration::from_secs(3)).await;
+    assert!(answers.iter().all(|(code, _)| *code == OK), "{answers:?}");
+    // Five at once; five when those leave the window, a second later.
+    let at_once = answers
+        .iter()
+        .filter(|(_, at)| *at < Duration::from_millis(400))
+        .count();
+    assert_eq!(at_once, 5, "{answers:?}");
+    assert!(
+        answers[5..]
+            .iter()
+            .all(|(_, at)| *at >= Duration::from_millis(900) && *at < Duration::from_millis(1_600)),
+        "{answers:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

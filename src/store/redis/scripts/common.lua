@@ -149,14 +149,21 @@ local ALGOS = setmetatable({}, {
 })
 
 -- A refused charge admitted after `wait` instead (Rust `decide_delayed`, for the
--- algorithms marked `delays`): decided at now + wait over the state read now. Returns
--- the delayed decision's allowed, remaining, reset_after (from now), used, next state
--- and change, or the refusal given when even then it is not admitted (a cost above
--- the capacity).
-local function delayed(algo, state, now, cost, q, wait, allowed, remaining, reset, used, next, changed)
-  local a2, r2, reset2, _, u2, n2, c2 = algo.decide(state, now + wait, cost, q)
-  if not a2 then return allowed, remaining, reset, used, next, changed end
-  return true, r2, reset2 + wait, u2, n2, c2
+-- algorithms marked `delays`): decided at now + wait over `later`, the state read now
+-- (`state`), or as read again then by the algorithm's `advance` when its state is a
+-- summary of one instant (the sliding log's; the caller has written the call's changes
+-- so far). Returns the seven values of a decision (retry_after the wait, reset_after
+-- from now), or the refusal given when even then it is not admitted (a cost above the
+-- capacity): for an advanced state, with the log as it reads now at `key`.
+local function delayed(algo, state, later, now, cost, q, wait, allowed, remaining, reset, used, next, changed, key)
+  local a2, r2, reset2, _, u2, n2, c2 = algo.decide(later, now + wait, cost, q)
+  if not a2 then
+    if later ~= state then
+      return allowed, remaining, reset, wait, used, (algo.load(key, now, q)), true
+    end
+    return allowed, remaining, reset, wait, used, next, changed
+  end
+  return true, r2, reset2 + wait, wait, u2, n2, c2
 end
 
 -- Whether `state` has expired at `now` (a state past its expiry answers as fresh, the

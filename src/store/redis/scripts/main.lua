@@ -121,9 +121,26 @@ for c = a, #ARGV, 4 do
         allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, q)
       else
         allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
-        if not allowed and retry <= max_wait and algo.delays then
-          allowed, remaining, reset, used, next, changed =
-            delayed(algo, state, now, cost, q, retry, allowed, remaining, reset, used, next, changed)
+        if max_wait > 0 and algo.delays then
+          if not allowed then
+            if retry <= max_wait then
+              local later = state
+              if algo.advance then
+                later = algo.advance(state, now + retry, q, KEYS[index], slot_orig[slot],
+                  slot_foreign[slot])
+                -- Redis holds what the call decided so far: a later write starts from it.
+                slot_orig[slot], slot_foreign[slot] = later, false
+              end
+              allowed, remaining, reset, retry, used, next, changed = delayed(algo, state, later,
+                now, cost, q, retry, allowed, remaining, reset, used, next, changed, KEYS[index])
+            end
+          elseif algo.dated and cost > 0 and next.newest > now then
+            -- Behind a reservation the log dates this admission with it: answered then.
+            retry = next.newest - now
+            if retry > max_wait then
+              allowed, remaining, next, changed = false, 0, state, false
+            end
+          end
         end
       end
       if not allowed then all_allowed = false end

@@ -21,8 +21,13 @@ local SL_FRESH = { newest = 0, stored_newest = 0, gone = 0, live = 0, added = 0,
 -- How many members one ZADD sends at most.
 local SL_ZADD_CHUNK = 256
 
-MAKE_ALGO[3] = function() return {
+MAKE_ALGO[3] = function()
+local algo = {
   tag = 'l',
+  -- A refused request can be admitted later (max_delay, Rust AlgorithmKind::delays),
+  -- and an admission behind a reservation is dated with it (Rust decide_delayed).
+  delays = true,
+  dated = true,
   fresh = function() return SL_FRESH end,
   -- Reads the key's summary at `now` for a limit of period q.period (the key names its
   -- period). A key of another type, or a newest member that is not "at:n", reads as
@@ -157,4 +162,16 @@ MAKE_ALGO[3] = function() return {
     if s.key or s.added > 0 then return s.newest + q.period end
     return 0
   end,
-} end
+}
+-- The summary as it reads at `at`, later than `now` (a delayed admission is decided
+-- then), for `key`: the call's changes so far are written first and the log read again
+-- at `at`, since a summary holds the units a call added at one instant only, and a
+-- delayed admission adds them at another. (`orig`: the state the call first read;
+-- `foreign`: the key held another type; both as `store` takes them.)
+algo.advance = function(s, at, q, key, orig, foreign)
+  algo.store(key, orig, foreign, s, ceil(q.period / 1000) + 1000)
+  local reloaded = algo.load(key, at, q)
+  return reloaded
+end
+return algo
+end

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::index::{KeyNodes, Level, Node};
 use super::limits::rule_limits;
 use super::schema::{RawDescriptor, RawRoot};
-use super::{ConfigError, Rule};
+use super::{ConfigError, Needs, Rule};
 
 /// Deepest descriptor nesting accepted (levels below the domain).
 pub(crate) const MAX_DEPTH: usize = 32;
@@ -203,6 +203,7 @@ impl Builder {
             stats_label,
             config_path: format!("{}: {path}", place.file).into(),
             name: spec.name,
+            needs: Needs::of(&spec.limits),
             limits: spec.limits,
             unlimited: spec.unlimited,
             shadow_mode: raw.shadow_mode.unwrap_or(false),

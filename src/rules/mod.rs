@@ -247,6 +247,8 @@ fn override_match<'r>(
         replaces: Vec::new(),
         detailed_metric: false,
         metadata: None,
+        // A fixed window: no slot, no delay.
+        needs: Needs::default(),
     };
     Matched {
         rule: RuleRef::Owned(Box::new(rule)),

@@ -194,29 +194,49 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Free-form `metadata` of the rule, as JSON (emitted in dynamic metadata).
     pub metadata: Option<Arc<serde_json::Value>>,
+    /// What the limits ask of the pipeline, read on every request (see [`Needs`]).
+    pub(crate) needs: Needs,
+}
+
+/// What a rule's limits ask of the pipeline beyond a store check, worked out once when
+/// the rule is built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    /// A concurrency limit: decided with the slot its descriptor's last entry names.
+    pub(crate) slots: bool,
+    /// A limit that delays (`max_delay`).
+    pub(crate) delays: bool,
+}
+
+impl Needs {
+    /// What `limits` ask.
+    pub(crate) fn of(limits: &[Limit]) -> Self {
+        Self {
+            slots: limits
+                .iter()
+                .any(|limit| limit.algorithm == AlgorithmKind::Concurrency),
+            delays: limits.iter().any(|limit| limit.max_delay > 0),
+        }
+    }
 }
 
 impl Rule {
     /// Whether the rule's limit is a concurrency limit: decided with the slot its
     /// descriptor's last entry names, that entry left out of the counter key.
     pub(crate) fn holds_slots(&self) -> bool {
-        self.limits
-            .iter()
-            .any(|limit| limit.algorithm == AlgorithmKind::Concurrency)
+        self.needs.slots
     }
 
     /// Whether a refused charge may be admitted later instead (`max_delay`).
     pub(crate) fn delays(&self) -> bool {
-        self.limits.iter().any(|limit| limit.max_delay > 0)
+        self.needs.delays
     }
 
     /// Whether only the store may answer this rule's checks: a concurrency limit (a
     /// slot freed by a release the local layers never see) or a limit that delays
     /// (`max_delay`: the store reserves the wait).
     pub(crate) fn answered_by_store_only(&self) -> bool {
-        self.limits
-            .iter()
-            .any(|limit| limit.algorithm == AlgorithmKind::Concurrency || limit.max_delay > 0)
+        self.needs.slots || self.needs.delays
     }
 }
 

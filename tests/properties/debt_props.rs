@@ -21,13 +21,7 @@ fn kind() -> impl Strategy<Value = AlgorithmKind> {
 }
 
 fn quota() -> impl Strategy<Value = Quota> {
-    let period = prop_oneof![10..=10_000u64, Just(1_000_000u64), Just(3_000_000)];
-    (1..=20u64, period, 1..=30u64).prop_map(|(limit, period, burst)| Quota {
-        limit,
-        period,
-        burst,
-        on_over_limit: OnOverLimit::Charge,
-    })
+    crate::quotas::quota(OnOverLimit::Charge, false)
 }
 
 /// Units a request can ever get at once.

@@ -9,4 +9,5 @@ mod debt_props;
 mod delay_props;
 mod fuzz_smoke;
 mod hotkeys_replay;
+mod quotas;
 mod refund_props;

@@ -217,16 +217,28 @@ async fn one_call_decides_many_checks_in_order() {
                     }
                 })
                 .collect();
-            let mut expected = Vec::new();
-            let mut actual = Vec::new();
-            memory.check(&checks, &mut expected).await.expect("memory");
-            redis
-                .check_at(&checks, true, clock.now_value(), &mut actual)
-                .await
-                .expect("redis");
+            let (expected, actual) = in_one_call(&memory, &redis, &checks, &clock).await;
             assert_eq!(expected, actual, "round {round}: {checks:?}");
         }
     }
+}
+
+/// `checks` decided by the memory store one after the other and by the script in one
+/// call at the clock's time: the decisions of each, in order.
+async fn in_one_call(
+    memory: &MemoryStore,
+    redis: &sluice::store::redis::RedisStore,
+    checks: &[StoreCheck],
+    clock: &ManualClock,
+) -> (Vec<Decision>, Vec<Decision>) {
+    let mut expected = Vec::new();
+    let mut actual = Vec::new();
+    memory.check(checks, &mut expected).await.expect("memory");
+    redis
+        .check_at(checks, true, clock.now_value(), &mut actual)
+        .await
+        .expect("redis");
+    (expected, actual)
 }
 
 /// A call with more keys than one MGET reads (the script reads them in runs of 1 000):
@@ -772,13 +784,7 @@ async fn sliding_log_delays_in_batches_mirror_rust() {
                     },
                 })
                 .collect();
-            let mut expected = Vec::new();
-            let mut actual = Vec::new();
-            memory.check(&checks, &mut expected).await.expect("memory");
-            redis
-                .check_at(&checks, true, clock.now_value(), &mut actual)
-                .await
-                .expect("redis");
+            let (expected, actual) = in_one_call(&memory, &redis, &checks, &clock).await;
             assert_eq!(expected, actual, "seed {seed} call {call}: {checks:?}");
             delayed += expected
                 .iter()

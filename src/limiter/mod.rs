@@ -26,7 +26,6 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::algorithm::concurrency::SlotId;
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
 use crate::rules::{
@@ -243,7 +242,7 @@ struct Pending<'r> {
     /// The pre-check called the key hot before the store call: charge its answer.
     precheck_charge: bool,
     /// The request's slot, when the rule is a concurrency limit.
-    slot: Option<SlotId>,
+    slot: Option<slots::Slot>,
 }
 
 // === impl Limiter ===

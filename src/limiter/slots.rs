@@ -8,20 +8,44 @@ use tokio::time::Instant;
 use super::fallback::{self, Fallback};
 use super::within::within;
 use super::{DecidedBy, LimiterError, Pending, Verdict};
-use crate::algorithm::concurrency::{SlotId, SlotOp};
-use crate::algorithm::Micros;
+use crate::algorithm::concurrency::{SlotId, SlotOp, RETRY_CAP};
+use crate::algorithm::{Decision, Micros};
 use crate::rules::{Entry, FailureMode, Rule};
 use crate::store::{HoldCall, Store, StoreCheck, StoreError};
 
-/// The slot `entries` name for `rule`, when its limit is a concurrency limit: the id of
-/// the last entry's value (the `slot: true` descriptor, where the rule is).
-pub(crate) fn slot_of(rule: &Rule, entries: &[Entry<'_>]) -> Option<SlotId> {
+/// The slot a request names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The `slot: true` entry's value, by id.
+    Named(SlotId),
+    /// An empty value: no slot is held without a name (else every request without one
+    /// would share one slot, admitted again and again), so it is refused.
+    Unnamed,
+}
+
+/// The slot `entries` name for `rule`, when its limit is a concurrency limit: the last
+/// entry's value (the `slot: true` descriptor, where the rule is).
+pub(crate) fn slot_of(rule: &Rule, entries: &[Entry<'_>]) -> Option<Slot> {
     if !rule.holds_slots() {
         return None;
     }
-    entries
-        .last()
-        .map(|entry| crate::algorithm::concurrency::slot_id(entry.value))
+    entries.last().map(|entry| match entry.value {
+        "" => Slot::Unnamed,
+        name => Slot::Named(crate::algorithm::concurrency::slot_id(name)),
+    })
+}
+
+/// The answer to a request that names no slot: an acquire or a probe is refused, a
+/// release frees nothing.
+fn unnamed(op: SlotOp) -> Decision {
+    let refused = op != SlotOp::Release;
+    Decision {
+        allowed: !refused,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: if refused { RETRY_CAP } else { 0 },
+        used: u64::from(refused),
+    }
 }
 
 /// What `check` does with its slot: a refund releases it, a hit of 0 probes, any other
@@ -43,12 +67,19 @@ impl<S: Store> super::Limiter<S> {
         &self,
         item: Pending<'r>,
         check: &StoreCheck,
-        slot: SlotId,
+        slot: Slot,
         now: Micros,
         deadline: Option<Instant>,
     ) -> Result<(usize, Verdict<'r>), LimiterError> {
         let Some(limit) = check.limits.first() else {
             return Ok((item.index, Verdict::NoLimit));
+        };
+        let Slot::Named(slot) = slot else {
+            let index = item.index;
+            let decision = unnamed(op_of(check));
+            // Not the store's answer: nothing of it feeds the local layers.
+            let verdict = self.verdict(item, check, &[decision], now, DecidedBy::FailureMode);
+            return Ok((index, verdict));
         };
         let call = HoldCall {
             key: check.key,

@@ -515,3 +515,18 @@ async fn a_concurrency_limit_takes_its_failure_mode_when_the_store_is_down() {
     // 2 slots shared by 2 replicas: 1 here, and the same slot again is admitted.
     assert_eq!(calls, [true, false, true]);
 }
+
+#[tokio::test]
+async fn a_request_that_names_no_slot_holds_none() {
+    let (rules, limiter, _) = on_memory(SLOTS, LimiterSettings::default());
+    let mut calls = Vec::new();
+    for (id, release) in [("", false), ("", true), ("1", false), ("", false)] {
+        let verdicts = limiter
+            .check(&rules, &slot_request("alice", id, release))
+            .await
+            .expect("answers");
+        calls.push(allowed(&verdicts));
+    }
+    // No empty name shares a slot, and its release is never refused.
+    assert_eq!(calls, [false, true, true, false]);
+}

@@ -116,6 +116,20 @@ fn tat_of(state: &State, quota: &Quota) -> Mixed {
     }
 }
 
+/// The state to store and the TAT it keeps: `new_tat` when the cost is `charged`, else
+/// `state` unchanged (its TAT read as `base`, at least now).
+fn charged_or_not(state: &State, base: Mixed, new_tat: Mixed, charged: bool) -> (State, Mixed) {
+    if charged {
+        let next = State {
+            tat: new_tat.us,
+            frac: new_tat.frac,
+        };
+        (next, new_tat)
+    } else {
+        (*state, base)
+    }
+}
+
 impl Algorithm for Gcra {
     type State = State;
 
@@ -131,15 +145,7 @@ impl Algorithm for Gcra {
         if cost > quota.burst {
             let ahead = base.sub(now_m, quota).in_intervals(quota);
             // Debt (`on_over_limit: charge`): even a cost that can never pass is taken.
-            let (next, kept) = if quota.charges_always() {
-                let next = State {
-                    tat: new_tat.us,
-                    frac: new_tat.frac,
-                };
-                (next, new_tat)
-            } else {
-                (*state, base)
-            };
+            let (next, kept) = charged_or_not(state, base, new_tat, quota.charges_always());
             let decision = Decision {
                 allowed: false,
                 remaining: 0,
@@ -153,15 +159,7 @@ impl Algorithm for Gcra {
         let allowed = ahead <= tau;
         let units_ahead = ahead.in_intervals(quota);
         let charged = (allowed || quota.charges_always()) && cost > 0;
-        let (next, kept) = if charged {
-            let next = State {
-                tat: new_tat.us,
-                frac: new_tat.frac,
-            };
-            (next, new_tat)
-        } else {
-            (*state, base)
-        };
+        let (next, kept) = charged_or_not(state, base, new_tat, charged);
         let decision = Decision {
             allowed,
             // Lua: math.floor(burst - units_ahead)

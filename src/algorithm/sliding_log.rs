@@ -44,6 +44,20 @@ pub struct State {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SlidingLog;
 
+/// The log's instant at `now` (the newest run's, for a clock that stepped back) and the
+/// index of its first run still in the window there: a run at `t` is inside
+/// `(at - period, at]` iff `t + period > at`.
+fn live_runs(state: &State, now: Micros, period: Micros) -> (Micros, usize) {
+    let newest = state.runs.last().map_or(0, |run| run.at);
+    let at = now.max(newest);
+    let live = state
+        .runs
+        .iter()
+        .position(|run| run.at.saturating_add(period) > at)
+        .unwrap_or(state.runs.len());
+    (at, live)
+}
+
 impl Algorithm for SlidingLog {
     type State = State;
 
@@ -52,14 +66,7 @@ impl Algorithm for SlidingLog {
             return (Decision::invalid_quota(cost, quota), state.clone());
         }
         let period = quota.period;
-        let newest = state.runs.last().map_or(0, |run| run.at);
-        let at = now.max(newest);
-        // A run at `t` is inside (at - period, at] iff t + period > at.
-        let live = state
-            .runs
-            .iter()
-            .position(|run| run.at.saturating_add(period) > at)
-            .unwrap_or(state.runs.len());
+        let (at, live) = live_runs(state, now, period);
         let runs = &state.runs[live..];
         let in_window = runs
             .iter()
@@ -114,13 +121,7 @@ impl Algorithm for SlidingLog {
             return (Decision::refund_of_invalid_quota(), state.clone());
         }
         let period = quota.period;
-        let newest = state.runs.last().map_or(0, |run| run.at);
-        let at = now.max(newest);
-        let live = state
-            .runs
-            .iter()
-            .position(|run| run.at.saturating_add(period) > at)
-            .unwrap_or(state.runs.len());
+        let (_, live) = live_runs(state, now, period);
         let mut runs = state.runs[live..].to_vec();
         // The newest units of the live log leave first.
         let mut left = units;

@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::matching::{is_replaced, match_descriptor, Applies};
-use super::slots::{slot_of, Slot};
+use super::slots::{slot_of, unnamed, Slot};
 use super::{CheckRequest, Limiter};
-use crate::algorithm::concurrency::{SlotOp, RETRY_CAP};
+use crate::algorithm::concurrency::SlotOp;
 use crate::algorithm::{AlgorithmKind, Decision};
 use crate::rules::{Matched, Rules};
 use crate::store::{HoldCall, Store, StoreError};
@@ -161,12 +161,9 @@ pub(crate) async fn explain<S: Store>(
                     }
                     if let Some(store) = store {
                         explanation.would_decide = match (slot, check.limits.first()) {
-                            (Some(Slot::Unnamed), Some(_)) => vec![DecisionView {
-                                allowed: false,
-                                remaining: 0,
-                                reset_after_ms: 0,
-                                retry_after_ms: RETRY_CAP / 1_000,
-                            }],
+                            (Some(Slot::Unnamed), Some(_)) => {
+                                vec![unnamed(SlotOp::Probe).into()]
+                            }
                             (Some(Slot::Named(slot)), Some(limit)) => {
                                 let call = HoldCall {
                                     key: check.key,

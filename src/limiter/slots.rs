@@ -37,7 +37,7 @@ pub(crate) fn slot_of(rule: &Rule, entries: &[Entry<'_>]) -> Option<Slot> {
 
 /// The answer to a request that names no slot: an acquire or a probe is refused, a
 /// release frees nothing.
-fn unnamed(op: SlotOp) -> Decision {
+pub(crate) fn unnamed(op: SlotOp) -> Decision {
     let refused = op != SlotOp::Release;
     Decision {
         allowed: !refused,

@@ -668,15 +668,17 @@ fn lease(
     }
     if let Some(text) = raw.lease_ttl.as_deref() {
         let ttl_path = format!("{path}.lease_ttl");
-        match humantime::parse_duration(text).map(|d| u64::try_from(d.as_micros())) {
-            Ok(Ok(ttl)) if (LEASE_TTL_RANGE.0..=LEASE_TTL_RANGE.1).contains(&ttl) => {
-                lease.ttl = ttl;
-            }
-            _ => errors.push(ConfigError::sluice(
-                file,
-                &ttl_path,
-                format!("lease_ttl must be a duration from 1ms to 60s (like 250ms), got '{text}'"),
-            )),
+        let ttl = duration(
+            file,
+            &ttl_path,
+            text,
+            LEASE_TTL_RANGE,
+            "lease_ttl must be a duration from 1ms to 60s (like 250ms)",
+            errors,
+        );
+        // 0: refused (the range starts at 1 ms); the default stays.
+        if ttl > 0 {
+            lease.ttl = ttl;
         }
         if lease.mode == LeaseMode::Off {
             errors.push(ConfigError::sluice(

@@ -22,6 +22,7 @@ pub mod limiter;
 pub mod listener;
 pub(crate) mod pem;
 pub mod proto;
+pub mod regions;
 pub(crate) mod reloading;
 pub mod rules;
 pub mod server;

@@ -45,6 +45,7 @@ pub fn measure(keys: u64) -> Option<MemoryReport> {
             burst: 100,
             on_over_limit: Default::default(),
         },
+        sharing: crate::regions::Sharing::Regional,
     }]
     .into();
     let mut check = StoreCheck {

@@ -209,6 +209,7 @@ mod tests {
                 burst: limit,
                 on_over_limit: Default::default(),
             },
+            sharing: crate::regions::Sharing::Regional,
         }]
     }
 

@@ -65,6 +65,7 @@ impl Fallback {
                             LimitCheck {
                                 algorithm: limit.algorithm,
                                 quota,
+                                sharing: crate::regions::Sharing::Regional,
                             }
                         })
                         .collect(),

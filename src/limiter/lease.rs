@@ -333,6 +333,7 @@ mod tests {
                     burst: 100,
                     on_over_limit: Default::default(),
                 },
+                sharing: crate::regions::Sharing::Regional,
             }]
             .into(),
             cost,

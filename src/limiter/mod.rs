@@ -83,6 +83,7 @@ pub fn store_check(
         .map(|limit| LimitCheck {
             algorithm: limit.algorithm,
             quota: limit.quota(),
+            sharing: crate::regions::Sharing::Regional,
         })
         .collect();
     // A concurrency limit's last entry names the request's slot: not its counters.

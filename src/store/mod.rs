@@ -22,6 +22,9 @@ pub struct LimitCheck {
     pub algorithm: AlgorithmKind,
     /// Its numbers.
     pub quota: Quota,
+    /// Whether other regions' usage counts too (a `scope: global` limit shared by
+    /// aggregation; the memory store has no other region).
+    pub sharing: crate::regions::Sharing,
 }
 
 /// One descriptor's check: every limit of the matched rule, decided all-or-nothing.

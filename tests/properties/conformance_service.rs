@@ -252,6 +252,7 @@ impl Harness {
                     burst: limit,
                     on_over_limit: Default::default(),
                 },
+                sharing: sluice::regions::Sharing::Regional,
             }]
             .into(),
             cost: hits,

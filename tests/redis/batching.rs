@@ -38,6 +38,7 @@ fn check(domain: &str, value: &str) -> StoreCheck {
                 burst: 1_000,
                 on_over_limit: Default::default(),
             },
+            sharing: sluice::regions::Sharing::Regional,
         }]
         .into(),
         cost: 1,

@@ -31,6 +31,7 @@ fn check(value: &str, algorithm: AlgorithmKind) -> StoreCheck {
             burst: 2,
             on_over_limit: Default::default(),
         },
+        sharing: sluice::regions::Sharing::Regional,
     }]
     .into();
     StoreCheck {

@@ -86,6 +86,7 @@ fn spawn_calls(
                         burst: 10,
                         on_over_limit: Default::default(),
                     },
+                    sharing: sluice::regions::Sharing::Regional,
                 }]
                 .into(),
                 cost: 1,

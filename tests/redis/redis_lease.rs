@@ -51,6 +51,7 @@ fn check(key: u128, algorithm: AlgorithmKind, cost: u64) -> StoreCheck {
                 burst: 100,
                 on_over_limit: Default::default(),
             },
+            sharing: sluice::regions::Sharing::Regional,
         }]
         .into(),
         cost,

@@ -49,6 +49,7 @@ async fn memory_usage_per_key() {
                     burst: 1000,
                     on_over_limit: Default::default(),
                 },
+                sharing: sluice::regions::Sharing::Regional,
             }]
             .into(),
             cost: 1,

@@ -100,6 +100,7 @@ async fn mirror(redis: &sluice::store::redis::RedisStore) {
                         KINDS[rng.below(5) as usize]
                     },
                     quota: quota(&mut rng),
+                    sharing: sluice::regions::Sharing::Regional,
                 };
                 maybe_in_debt(&mut rng, limit)
             })
@@ -195,6 +196,7 @@ async fn one_call_decides_many_checks_in_order() {
                         let limit = LimitCheck {
                             algorithm: KINDS[rng.below(5) as usize],
                             quota: quota(&mut rng),
+                            sharing: sluice::regions::Sharing::Regional,
                         };
                         maybe_in_debt(&mut rng, limit)
                     })
@@ -259,7 +261,12 @@ async fn a_call_of_thousands_of_keys_reads_every_state() {
     };
     let check = |key: u128, algorithm| StoreCheck {
         key: CounterKey(50_000 + key),
-        limits: vec![LimitCheck { algorithm, quota }].into(),
+        limits: vec![LimitCheck {
+            algorithm,
+            quota,
+            sharing: sluice::regions::Sharing::Regional,
+        }]
+        .into(),
         cost: 1,
         refund: false,
         max_wait: 0,
@@ -311,7 +318,12 @@ async fn each_call_reads_its_states_from_redis_not_from_an_earlier_call() {
             let memory = MemoryStore::new(1_000_000, Arc::new(ManualClock::new(now)));
             let check = |key: u128| StoreCheck {
                 key: CounterKey(base + key),
-                limits: vec![LimitCheck { algorithm, quota }].into(),
+                limits: vec![LimitCheck {
+                    algorithm,
+                    quota,
+                    sharing: sluice::regions::Sharing::Regional,
+                }]
+                .into(),
                 cost: 1,
                 refund: false,
                 max_wait: 0,
@@ -408,6 +420,7 @@ async fn unreadable_stored_values_read_as_fresh_states() {
                         burst: 5,
                         on_over_limit: Default::default(),
                     },
+                    sharing: sluice::regions::Sharing::Regional,
                 }]
                 .into(),
                 cost: 2,
@@ -468,6 +481,7 @@ async fn states_with_numbers_past_2_pow_53_read_back_large() {
                     burst: big,
                     on_over_limit: Default::default(),
                 },
+                sharing: sluice::regions::Sharing::Regional,
             }]
             .into(),
             cost,
@@ -550,7 +564,12 @@ async fn stored_numbers_past_u64_max_fail_no_call() {
         let clean = CounterKey(20_001 + 2 * case as u128);
         let check = |key| StoreCheck {
             key,
-            limits: vec![LimitCheck { algorithm, quota }].into(),
+            limits: vec![LimitCheck {
+                algorithm,
+                quota,
+                sharing: sluice::regions::Sharing::Regional,
+            }]
+            .into(),
             cost: 2,
             refund: false,
             max_wait: 0,
@@ -636,6 +655,7 @@ async fn token_bucket_reads_the_text_states_of_earlier_versions() {
         limits: vec![LimitCheck {
             algorithm: AlgorithmKind::TokenBucket,
             quota,
+            sharing: sluice::regions::Sharing::Regional,
         }]
         .into(),
         cost: 1,
@@ -702,6 +722,7 @@ async fn a_sliding_log_check_costs_redis_the_same_whatever_its_length() {
                 burst: 1_000,
                 on_over_limit: Default::default(),
             },
+            sharing: sluice::regions::Sharing::Regional,
         }]
         .into(),
         cost: 1,
@@ -768,6 +789,7 @@ async fn sliding_log_delays_in_batches_mirror_rust() {
                 burst: 1,
                 on_over_limit: Default::default(),
             },
+            sharing: sluice::regions::Sharing::Regional,
         };
         for call in 0..6 {
             clock.set(clock.now_value() + rng.below(1_500));

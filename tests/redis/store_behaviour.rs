@@ -27,6 +27,7 @@ fn limit(algorithm: AlgorithmKind, limit: u64, burst: u64) -> LimitCheck {
             burst,
             on_over_limit: Default::default(),
         },
+        sharing: sluice::regions::Sharing::Regional,
     }
 }
 

@@ -39,12 +39,15 @@ pub struct ConfigFile {
     pub text: String,
 }
 
-/// How files are combined.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How files are combined, and what `scope: global` limits are shared between.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Several files may add descriptors to one domain (the reference's
     /// `MERGE_DOMAIN_CONFIG`); otherwise a second file of a domain is an error.
     pub merge_domains: bool,
+    /// The regions this instance knows (`--region`, `--peer-region`); none: the one
+    /// region is the whole world, and a `scope: global` limit is enforced whole.
+    pub regions: Option<Arc<crate::regions::RegionPlan>>,
 }
 
 /// A compiled, immutable rule set. Shared as `Arc<Rules>` and swapped whole on reload.

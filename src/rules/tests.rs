@@ -334,6 +334,7 @@ fn merged_domains_still_reject_duplicate_keys() {
     ];
     let merge = LoadOptions {
         merge_domains: true,
+        regions: None,
     };
     let e = Rules::compile(&files, &merge).unwrap_err();
     assert_eq!(

@@ -183,6 +183,7 @@ impl Settings {
 pub fn load_options(merge_flag: Option<bool>, env: Env<'_>) -> Result<LoadOptions, SettingsError> {
     Ok(LoadOptions {
         merge_domains: Reference::new(env).pick(merge_flag, "MERGE_DOMAIN_CONFIG")?,
+        regions: None,
     })
 }
 

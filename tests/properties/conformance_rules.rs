@@ -69,6 +69,7 @@ fn compile(dir: &Path, case: &Value) -> Result<Rules, Vec<String>> {
         .collect();
     let options = LoadOptions {
         merge_domains: case["merge_domains"].as_bool().unwrap_or(false),
+        regions: None,
     };
     Rules::compile(&files, &options)
         .map_err(|errors| errors.iter().map(ToString::to_string).collect())

@@ -150,6 +150,7 @@ fn two_resources_of_one_domain_follow_the_merge_rules_of_files() {
         &files,
         &LoadOptions {
             merge_domains: true,
+            regions: None,
         },
     )
     .expect("merged");

@@ -57,7 +57,13 @@ pub fn config(data: &[u8]) {
         text,
     }];
     for merge_domains in [false, true] {
-        let _ = Rules::compile(&files, &LoadOptions { merge_domains });
+        let _ = Rules::compile(
+            &files,
+            &LoadOptions {
+                merge_domains,
+                regions: None,
+            },
+        );
     }
 }
 

@@ -115,8 +115,9 @@ pub async fn run_with_clock(
             // Each lane gets its own batcher and clients, on its own runtime, so a call
             // never leaves its lane. Startup waits for Redis at most REDIS_WARM_UP:
             // a Redis that is down does not hold it longer.
-            let store = RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles())
-                .map_err(|error| ServerError::Store(error.to_string()))?;
+            let store =
+                RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles(), None)
+                    .map_err(|error| ServerError::Store(error.to_string()))?;
             tracing::info!(
                 store = store.kind(),
                 url = %mask_url(&settings.redis.url),

@@ -35,6 +35,7 @@
 pub mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub mod remote;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub mod token_bucket;

@@ -4,6 +4,8 @@
 //! known usage every check counts (`scripts/main.lua`, mirror of
 //! [`crate::algorithm::remote`]).
 
+pub mod links;
+
 use std::sync::Arc;
 
 /// Most regions a deployment names (its own and its peers).

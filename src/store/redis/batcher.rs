@@ -200,6 +200,7 @@ async fn run_batch(shared: &Shared, mut jobs: Vec<Job>) {
                 members.iter().map(|m| &jobs[m.job].checks[m.check]),
                 *commit,
                 None,
+                shared.regions.as_deref(),
             )
         })
         .collect();

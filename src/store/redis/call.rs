@@ -19,6 +19,7 @@ use super::health::Health;
 use super::nodes::Nodes;
 use super::script::{self, Call};
 use crate::algorithm::Decision;
+use crate::regions::links::RegionLinks;
 use crate::store::{KeyPrefix, StoreError};
 use crate::telemetry::Metrics;
 
@@ -39,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     /// Written before every key, so deployments sharing a Redis count apart.
     pub(crate) key_prefix: KeyPrefix,
+    /// The other regions aggregated limits count, if any.
+    pub(crate) regions: Option<Arc<RegionLinks>>,
 }
 
 #[cfg(feature = "test-hooks")]
@@ -66,7 +69,7 @@ pub(crate) async fn warm_up(shared: &Shared, limit: Duration) {
     let deadline = Instant::now() + limit;
     shared.nodes.wait_known(limit).await;
     let topology = shared.nodes.topology_now();
-    let nothing = Call::new(&shared.key_prefix, std::iter::empty(), false, None);
+    let nothing = Call::new(&shared.key_prefix, std::iter::empty(), false, None, None);
     let nodes = topology.nodes().iter().map(|node| {
         let node = node.clone();
         let nothing = &nothing;

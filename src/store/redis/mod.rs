@@ -36,6 +36,7 @@ pub(crate) use tls::RedisTls;
 
 use crate::algorithm::Decision;
 use crate::lanes;
+use crate::regions::links::RegionLinks;
 use crate::store::breaker::BreakerSettings;
 use crate::store::{
     HoldCall, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
@@ -73,17 +74,19 @@ impl RedisStore {
     /// called inside a tokio runtime). Never waits for Redis: until it is reachable,
     /// calls fail with a [`StoreError`].
     pub fn new(options: &RedisOptions, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
-        Self::with_lanes(options, metrics, &[])
+        Self::with_lanes(options, metrics, &[], None)
     }
 
     /// [`RedisStore::new`], plus a batcher and clients of their own for each serving
     /// lane, made on the lane's runtime (`lanes[i]` is lane `i`'s, see
     /// [`crate::listener::lanes`]). The circuit breakers stay shared: every lane's
-    /// outcomes count for a node.
-    pub(crate) fn with_lanes(
+    /// outcomes count for a node. With `regions`, aggregated limits count the other
+    /// regions' published usage, and their charged keys are recorded there to publish.
+    pub fn with_lanes(
         options: &RedisOptions,
         metrics: Arc<Metrics>,
         lanes: &[tokio::runtime::Handle],
+        regions: Option<Arc<RegionLinks>>,
     ) -> Result<Self, StoreError> {
         let clients = Arc::new(clients::Clients::default());
         let health = Arc::new(health::Health::new(
@@ -94,12 +97,12 @@ impl RedisStore {
         let forget: Arc<dyn clients::Forget> = health.clone();
         clients.on_forget(Arc::downgrade(&forget));
         let scripting = Arc::new(functions::Scripting::new());
-        let main = Backend::start(options, &health, &scripting, &clients, &metrics)?;
+        let main = Backend::start(options, &health, &scripting, &clients, &metrics, &regions)?;
         let lanes = lanes
             .iter()
             .map(|lane| {
                 let _on_lane = lane.enter();
-                Backend::start(options, &health, &scripting, &clients, &metrics)
+                Backend::start(options, &health, &scripting, &clients, &metrics, &regions)
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -169,7 +172,13 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;
-        let call = script::Call::new(&shared.key_prefix, checks, commit, Some(now));
+        let call = script::Call::new(
+            &shared.key_prefix,
+            checks,
+            commit,
+            Some(now),
+            shared.regions.as_deref(),
+        );
         let mut results = call::run_calls(shared, std::slice::from_ref(&call)).await;
         let result = results
             .pop()
@@ -212,6 +221,7 @@ impl Backend {
         scripting: &Arc<functions::Scripting>,
         clients: &Arc<clients::Clients>,
         metrics: &Arc<Metrics>,
+        regions: &Option<Arc<RegionLinks>>,
     ) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
             nodes: Nodes::connect(options, metrics.clone(), scripting.clone(), clients.clone())?,
@@ -221,6 +231,7 @@ impl Backend {
             max: options.batch_max.max(1),
             metrics: metrics.clone(),
             key_prefix: options.key_prefix.clone(),
+            regions: regions.clone(),
         });
         let (jobs, queue) = mpsc::channel(options.queue.max(1));
         tokio::spawn(batcher::collect(queue, shared.clone()));

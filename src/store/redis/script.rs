@@ -3,8 +3,10 @@
 //! use different algorithms is still decided in one atomic call.
 //!
 //! Wire format (see `scripts/main.lua`): KEYS are every limit key of every check in
-//! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the number of
-//! distinct rules, then per rule its number of limits and per limit five numbers, then
+//! order; ARGV is `now` (empty: Redis `TIME`), `1`/`0` (charge or peek), the other
+//! regions' key suffixes (their count first), the number of distinct rules, then per
+//! rule its number of limits and per limit six numbers (and, for an aggregated limit,
+//! each other region's floor), then
 //! per run of consecutive checks with one rule and cost: the rule's index, the cost
 //! (negative for a refund of that many units), the number of checks and the longest
 //! wait a refused check may be admitted after (a batch's checks mostly share both: a few arguments, not two
@@ -20,6 +22,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use fred::types::Value;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
+use crate::regions::links::{Published, RegionLinks};
+use crate::regions::Sharing;
 use crate::store::{CounterKey, KeyPrefix, LimitCheck, StoreCheck, StoreError};
 
 /// The shared helpers and every algorithm, which each entry point (a file under
@@ -217,12 +221,19 @@ impl Call {
     /// A call deciding `checks` in order, their keys after `prefix`; `now` overrides
     /// Redis `TIME` (tests only). Each distinct rule (list of limits) is sent once, and
     /// each run of checks names its rule by index: the checks of a batch mostly share one.
+    /// An aggregated limit (`sharing: aggregate`) counts the other regions of `regions`,
+    /// each at least at its fallback share while its link is cut; a committed charge of
+    /// one is recorded to be published to them.
     pub(crate) fn new<'a>(
         prefix: &KeyPrefix,
         checks: impl IntoIterator<Item = &'a StoreCheck>,
         commit: bool,
         now: Option<Micros>,
+        regions: Option<&RegionLinks>,
     ) -> Self {
+        let peers = regions.map_or(&[][..], RegionLinks::peers);
+        // Aggregated keys this call charges (none without other regions).
+        let mut charged: Vec<Published> = Vec::new();
         let flag = |on: bool| Value::Integer(i64::from(on));
         let checks = checks.into_iter();
         // Sized for one limit per check, the common case.
@@ -268,6 +279,21 @@ impl Call {
                     }
                 }
             }
+            if commit && !check.refund && check.cost > 0 && !peers.is_empty() {
+                charged.extend(
+                    check
+                        .limits
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(index, limit)| {
+                            matches!(limit.sharing, Sharing::Aggregate(_)).then_some(Published {
+                                key: check.key.for_limit(index),
+                                algorithm: limit.algorithm,
+                                period: limit.quota.period,
+                            })
+                        }),
+                );
+            }
             for index in 0..check.limits.len() {
                 keys.push(Value::Bytes(limit_key_in(
                     prefix.as_str().as_bytes(),
@@ -281,10 +307,15 @@ impl Call {
         if let Some(done) = run {
             done.push_to(&mut tail);
         }
-        let rule_args: usize = rules.iter().map(|rule| 1 + 5 * rule.len()).sum();
-        let mut argv: Vec<Value> = Vec::with_capacity(3 + rule_args + tail.len());
+        if let (Some(regions), false) = (regions, charged.is_empty()) {
+            regions.mark_charged(charged);
+        }
+        let rule_args: usize = rules.iter().map(|rule| 1 + 6 * rule.len()).sum();
+        let mut argv: Vec<Value> = Vec::with_capacity(4 + peers.len() + rule_args + tail.len());
         argv.push(now.map_or_else(|| Value::from_static_str(""), number));
         argv.push(flag(commit));
+        argv.push(number(peers.len() as u64));
+        argv.extend(peers.iter().map(|peer| Value::Bytes(peer.suffix.clone())));
         argv.push(number(rules.len() as u64));
         for rule in &rules {
             argv.push(number(rule.len() as u64));
@@ -294,6 +325,19 @@ impl Call {
                 argv.push(number(limit.quota.period));
                 argv.push(number(limit.quota.burst));
                 argv.push(flag(limit.quota.charges_always()));
+                match limit.sharing {
+                    Sharing::Aggregate(weights) if !peers.is_empty() => {
+                        argv.push(number(peers.len() as u64));
+                        argv.extend(peers.iter().map(|peer| {
+                            number(if peer.is_stale() {
+                                weights.fallback_share(limit.quota.limit, peer.index)
+                            } else {
+                                0
+                            })
+                        }));
+                    }
+                    _ => argv.push(number(0)),
+                }
             }
         }
         argv.append(&mut tail);

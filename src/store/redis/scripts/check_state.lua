@@ -91,3 +91,30 @@ local function load(key, index, kind, now, q)
   slot_foreign[slot], slot_quota[slot] = foreign, nil
   return slot
 end
+
+-- The key suffix of each other region's published states (':from:<region>'), in the
+-- order of every aggregated limit's floors (see main.lua).
+local suffixes = {}
+-- The quota an aggregated limit is decided under: its own, with what the other regions
+-- take out of the limit (one table, filled in again for each such check).
+local shared_quota = {}
+
+-- Units the other regions take of aggregated limit `q` at `key` (Rust
+-- `remote::taken_by_others`): each region's usage by its published state at
+-- key .. suffix, or its floor (its fallback share while its link is cut) when more.
+local function others_taken(algo, key, now, q)
+  local taken = 0
+  local floors = q.floors
+  for j = 1, q.regions do
+    local used = 0
+    -- pcall: a key of another type there reads as nothing, never fails the call.
+    local raw = redis.pcall('GET', key .. suffixes[j])
+    if type(raw) == 'string' then
+      local theirs = algo.decode(raw)
+      if theirs then used = algo.remote_used(theirs, now, q) end
+    end
+    if floors[j] > used then used = floors[j] end
+    taken = taken + used
+  end
+  return taken
+end

@@ -56,4 +56,10 @@ MAKE_ALGO[1] = function() return {
       after, decided, after ~= count
   end,
   expires_at = function(s, q) return s.ws + q.period * fw_windows(s.count, q) end,
+  -- Another region's usage by its published state: its count of this window (Rust
+  -- `remote::remote_used`).
+  remote_used = function(s, now, q)
+    if s.ws == now - fmod(now, q.period) then return s.count end
+    return 0
+  end,
 } end

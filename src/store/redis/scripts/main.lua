@@ -2,11 +2,16 @@
 --   [1] now in µs, or '' to read Redis TIME (tests inject a clock here; an injected
 --       clock also lengthens TTLs by an hour, since its time is not Redis's)
 --   [2] '1' to charge, '0' to peek
---   [3] number of rules, then per rule: its number of limits, and per limit:
+--   [3] number of other regions whose published states aggregated limits count, then
+--       each one's key suffix (':from:<region>': its states are at key .. suffix);
+--   then the number of rules, then per rule: its number of limits, and per limit:
 --       algorithm (1 fixed, 2 sliding window, 3 sliding log, 4 token bucket, 5 gcra;
 --       6, a concurrency limit, is refused: hold.lua decides those),
---       limit, period (µs), burst, and 1 when every charge counts (on_over_limit:
---       charge: a refused charge is taken too, into debt), else 0;
+--       limit, period (µs), burst, 1 when every charge counts (on_over_limit:
+--       charge: a refused charge is taken too, into debt), else 0, and the number of
+--       other regions it counts (0: regional; else as many as the suffixes, `sharing:
+--       aggregate`) followed by each one's floor (the units it is taken to use at
+--       least: its fallback share while its link is cut, else 0);
 --   then per run of consecutive checks with the same rule and cost: the rule (1-based
 --   index into those rules), the cost (negative: a refund of that many units, which
 --   every limit gives back and none refuses), the number of checks in the run, and
@@ -41,8 +46,11 @@ end
 -- share a rule, so its numbers are sent and parsed once per call, not once per check.
 -- Each rule's table, and each of its limits' quota, is the one an earlier call left
 -- (see check_state.lua), filled in again.
-local a = 4
-local rule_count = ARGV[3] + 0
+local region_count = ARGV[3] + 0
+for j = 1, region_count do suffixes[j] = ARGV[3 + j] end
+local a = 4 + region_count
+local rule_count = ARGV[a] + 0
+a = a + 1
 for r = 1, rule_count do
   local n = ARGV[a] + 0
   local rule = rules[r]
@@ -65,8 +73,19 @@ for r = 1, rule_count do
     if algo == nil then
       return redis.error_reply('sluice check: no algorithm ' .. ARGV[a + 1])
     end
+    local regions = ARGV[a + 6] + 0
+    if regions > 0 then
+      if regions ~= region_count or not algo.remote_used then
+        return redis.error_reply('sluice check: no aggregation of ' .. ARGV[a + 1] ..
+          ' over ' .. ARGV[a + 6] .. ' regions')
+      end
+      local floors = q.floors or {}
+      for j = 1, regions do floors[j] = ARGV[a + 6 + j] + 0 end
+      q.floors = floors
+    end
+    q.regions = regions
     kinds[i], algos[i], invalid[i] = kind, algo, is_invalid_for(kind, q)
-    a = a + 5
+    a = a + 6 + regions
   end
   rule.n = n
   a = a + 1
@@ -110,17 +129,26 @@ for c = a, #ARGV, 4 do
       end
       if expired then state = fresh_of[kind] or fresh(kind) end
       local allowed, remaining, reset, retry, used, next, changed
-      if invalid[i] then
+      -- An aggregated limit is decided under what the other regions leave of it (Rust
+      -- `remote::decide_shared`); its state stays this region's own.
+      local dq, taken, inv = q, 0, invalid[i]
+      if q.regions > 0 then
+        taken = others_taken(algo, KEYS[index], now, q)
+        dq = shared_quota
+        dq.limit, dq.period, dq.burst, dq.debt = sat_sub(q.limit, taken), q.period, q.burst, q.debt
+        inv = is_invalid_for(kind, dq)
+      end
+      if inv then
         if refund then
           allowed, remaining, reset, retry, used = true, 0, 0, 0, 0
         else
-          allowed, remaining, reset, retry, used = invalid_quota(cost, q)
+          allowed, remaining, reset, retry, used = invalid_quota(cost, dq)
         end
         next, changed = state, false
       elseif refund then
-        allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, q)
+        allowed, remaining, reset, retry, used, next, changed = algo.refund(state, now, cost, dq)
       else
-        allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, q)
+        allowed, remaining, reset, retry, used, next, changed = algo.decide(state, now, cost, dq)
         if max_wait > 0 and algo.delays then
           if not allowed then
             if retry <= max_wait then
@@ -143,6 +171,7 @@ for c = a, #ARGV, 4 do
           end
         end
       end
+      used = used + taken
       if not allowed then all_allowed = false end
       -- A committed decision over an expired state drops it, as the memory store does.
       if changed or expired then nexts[i] = next else nexts[i] = false end

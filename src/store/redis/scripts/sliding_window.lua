@@ -123,4 +123,18 @@ MAKE_ALGO[2] = function() return {
     if s.curr > 0 then windows = sw_windows(s.curr, q) + 1 elseif s.prev > 0 then windows = 1 end
     return s.ws + q.period * windows
   end,
+  -- Another region's usage by its published state: its estimate over the rolling
+  -- window ending now, rounded up (Rust `remote::remote_used`).
+  remote_used = function(s, now, q)
+    local period = q.period
+    local ws = now - fmod(now, period)
+    local prev, curr = 0, 0
+    if s.ws == ws then
+      prev, curr = s.prev, s.curr
+    elseif s.ws + period == ws then
+      prev = s.curr
+    end
+    local weight = (period - (now - ws)) / period
+    return to_u64(ceil(prev * weight + curr))
+  end,
 } end

@@ -8,6 +8,7 @@
 //! map one to one onto `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
 
 mod process;
+pub(crate) mod regions;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -210,6 +211,8 @@ pub struct Metrics {
     pub(crate) runtime_alive_tasks: Gauge,
     /// Answers held back by a delay (`max_delay`), waiting now.
     pub(crate) delayed_pending: Gauge,
+    /// The links to other regions (`--region`).
+    pub(crate) regions: regions::RegionMetrics,
     /// Delayed answers, by how they ended: `answered` after the wait, `drained` at once
     /// by a shutdown, `late` refused (the wait would have outlived the call's deadline).
     pub(crate) delayed_answers: Family<OutcomeLabel, Counter>,
@@ -609,6 +612,7 @@ impl Metrics {
             "Delayed answers by outcome: answered after the wait, drained by a shutdown, or late (refused: past the call's deadline)",
             delayed_answers.clone(),
         );
+        let regions = regions::RegionMetrics::register(&mut registry);
         let delay_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         registry.register(
             "delay_seconds",
@@ -620,6 +624,7 @@ impl Metrics {
             config_failing,
             runtime_alive_tasks,
             delayed_pending,
+            regions,
             delayed_answers,
             delay_seconds,
             runtimes: Mutex::new(Vec::new()),

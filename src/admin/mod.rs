@@ -151,6 +151,7 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
             "lua": store_status.lua,
         },
         "ledger": state.service.limiter().ledger().map(|ledger| ledger.status()),
+        "regions": store_status.regions,
     });
     axum::Json(body).into_response()
 }

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use crate::clock::Clock;
+
 use bytes::Bytes;
 
 use super::RegionPlan;
@@ -32,14 +34,14 @@ pub(crate) struct Published {
 /// What is known of one link, for `/status` and `/metrics`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LinkFigures {
-    /// When a publication to the region last succeeded.
-    pub(crate) last_sent_at: Option<SystemTime>,
+    /// When a publication to the region last succeeded (wall clock, µs).
+    pub(crate) last_sent_at: Option<Micros>,
     /// Keys in that publication.
     pub(crate) last_sent_keys: u64,
     /// Round trip of that publication.
     pub(crate) last_round_trip: Option<Duration>,
     /// When a publication to the region last failed, and why.
-    pub(crate) last_error: Option<(SystemTime, String)>,
+    pub(crate) last_error: Option<(Micros, String)>,
     /// Failed publications in a row.
     pub(crate) failures_in_a_row: u64,
     /// Age of the region's last publication to this one, as read from this region's
@@ -47,8 +49,6 @@ pub(crate) struct LinkFigures {
     pub(crate) last_received_age: Option<Duration>,
     /// Keys in that publication.
     pub(crate) last_received_keys: u64,
-    /// Keys waiting to be published to the region (kept while the link is down).
-    pub(crate) pending_keys: usize,
 }
 
 /// One other region, as seen from this one.
@@ -64,6 +64,9 @@ pub struct PeerLink {
     stale: AtomicBool,
     /// What is known of the link.
     figures: Mutex<LinkFigures>,
+    /// Aggregated keys charged and not yet published to it (bounded by
+    /// [`MAX_DIRTY_KEYS`]; kept while its link is down).
+    pending: Mutex<HashMap<LimitKey, Published>>,
 }
 
 impl PeerLink {
@@ -90,6 +93,35 @@ impl PeerLink {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// Adds `keys` to publish to it; the number that did not fit.
+    fn add_pending(&self, keys: impl IntoIterator<Item = Published>) -> u64 {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut dropped = 0;
+        for published in keys {
+            if pending.len() >= MAX_DIRTY_KEYS && !pending.contains_key(&published.key) {
+                dropped += 1;
+                continue;
+            }
+            pending.insert(published.key, published);
+        }
+        dropped
+    }
+
+    /// The keys to publish to it, taken (give them back with
+    /// [`RegionLinks::give_back`] if the publication fails).
+    pub(crate) fn take_pending(&self) -> Vec<Published> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.drain().map(|(_, published)| published).collect()
+    }
+
+    /// Keys waiting to be published to it.
+    pub(crate) fn pending_keys(&self) -> usize {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
 }
 
 /// The links of an instance to the other regions (see the module documentation).
@@ -99,9 +131,7 @@ pub struct RegionLinks {
     plan: Arc<RegionPlan>,
     /// Every other region, in plan order.
     peers: Vec<PeerLink>,
-    /// Aggregated keys charged since the last publication (bounded).
-    dirty: Mutex<HashMap<LimitKey, Published>>,
-    /// Keys not kept because `dirty` was full.
+    /// Keys not kept because a link's pending keys were full.
     dropped: AtomicU64,
 }
 
@@ -120,12 +150,12 @@ impl RegionLinks {
                 suffix: Bytes::from(format!(":from:{name}")),
                 stale: AtomicBool::new(true),
                 figures: Mutex::new(LinkFigures::default()),
+                pending: Mutex::new(HashMap::new()),
             })
             .collect();
         Self {
             plan,
             peers,
-            dirty: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
         }
     }
@@ -140,23 +170,23 @@ impl RegionLinks {
         &self.peers
     }
 
-    /// Records keys charged, to be published (past [`MAX_DIRTY_KEYS`] they are dropped
-    /// and counted).
-    pub(crate) fn mark_charged(&self, keys: impl IntoIterator<Item = Published>) {
-        let mut dirty = self.dirty.lock().unwrap_or_else(PoisonError::into_inner);
-        for published in keys {
-            if dirty.len() >= MAX_DIRTY_KEYS && !dirty.contains_key(&published.key) {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                continue;
+    /// Records keys charged, to be published to every other region (past
+    /// [`MAX_DIRTY_KEYS`] waiting for a region they are dropped and counted).
+    pub(crate) fn mark_charged(&self, keys: Vec<Published>) {
+        for peer in &self.peers {
+            let dropped = peer.add_pending(keys.iter().copied());
+            if dropped > 0 {
+                self.dropped.fetch_add(dropped, Ordering::Relaxed);
             }
-            dirty.insert(published.key, published);
         }
     }
 
-    /// The keys charged since the last call, taken.
-    pub(crate) fn take_charged(&self) -> Vec<Published> {
-        let mut dirty = self.dirty.lock().unwrap_or_else(PoisonError::into_inner);
-        dirty.drain().map(|(_, published)| published).collect()
+    /// Gives `keys` back to `peer` after a publication that failed: sent again next time.
+    pub(crate) fn give_back(&self, peer: &PeerLink, keys: Vec<Published>) {
+        let dropped = peer.add_pending(keys);
+        if dropped > 0 {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
     }
 
     /// Keys dropped so far because too many waited.
@@ -164,9 +194,13 @@ impl RegionLinks {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// `/status`: this region, and each link's figures.
-    pub(crate) fn status(&self) -> serde_json::Value {
-        let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
+    /// `/status`: this region, and each link's figures, at `clock`'s time.
+    pub(crate) fn status(&self, clock: &dyn Clock) -> serde_json::Value {
+        let now = clock.now();
+        let time = |at: Micros| {
+            humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_micros(at))
+                .to_string()
+        };
         let links: Vec<serde_json::Value> = self
             .peers
             .iter()
@@ -174,8 +208,7 @@ impl RegionLinks {
                 let figures = peer.figures();
                 let lag = figures
                     .last_sent_at
-                    .and_then(|at| at.elapsed().ok())
-                    .map(|lag| lag.as_secs_f64());
+                    .map(|at| Duration::from_micros(now.saturating_sub(at)).as_secs_f64());
                 serde_json::json!({
                     "region": &*peer.name,
                     "cut": peer.is_stale() || figures.failures_in_a_row > 0,
@@ -190,7 +223,7 @@ impl RegionLinks {
                         "age_seconds": figures.last_received_age.map(|d| d.as_secs_f64()),
                         "keys": figures.last_received_keys,
                     },
-                    "pending_keys": figures.pending_keys,
+                    "pending_keys": peer.pending_keys(),
                     "failures_in_a_row": figures.failures_in_a_row,
                     "last_error": figures.last_error.as_ref().map(|(at, error)| {
                         serde_json::json!({ "at": time(*at), "error": error })

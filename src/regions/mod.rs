@@ -5,6 +5,7 @@
 //! [`crate::algorithm::remote`]).
 
 pub mod links;
+pub mod publish;
 
 use std::sync::Arc;
 

@@ -209,6 +209,8 @@ pub struct StoreStatus {
     /// How the Redis store runs its Lua code: `functions` (`FCALL`) or `scripts`
     /// (`EVALSHA`, once a node refused functions); `None` for other stores.
     pub(crate) lua: Option<&'static str>,
+    /// This region and its links to the others (JSON), `null` without `--region`.
+    pub(crate) regions: serde_json::Value,
 }
 
 impl Default for StoreStatus {
@@ -217,6 +219,7 @@ impl Default for StoreStatus {
             health: "ok",
             breaker: serde_json::Value::Null,
             lua: None,
+            regions: serde_json::Value::Null,
         }
     }
 }

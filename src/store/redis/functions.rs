@@ -37,6 +37,12 @@ pub(crate) struct Library {
     lease: Value,
     /// The function that decides concurrency limits (`scripts/hold.lua`).
     hold: Value,
+    /// The region exchange's functions (`scripts/export.lua`, `import.lua`, `seen.lua`).
+    export: Value,
+    /// See `export`.
+    import: Value,
+    /// See `export`.
+    seen: Value,
 }
 
 /// The library, built on first use.
@@ -50,12 +56,19 @@ impl Library {
         let body = format!(
             "local function build()\n{}\n{}\nlocal check = function(KEYS, ARGV)\n{}\nend\n\
              local lease = function(KEYS, ARGV)\n{}\nend\n\
-             local hold = function(KEYS, ARGV)\n{}\nend\nreturn {{ check, lease, hold }}\nend\n",
+             local hold = function(KEYS, ARGV)\n{}\nend\n\
+             local export = function(KEYS, ARGV)\n{}\nend\n\
+             local import = function(KEYS, ARGV)\n{}\nend\n\
+             local seen = function(KEYS, ARGV)\n{}\nend\n\
+             return {{ check, lease, hold, export, import, seen }}\nend\n",
             script::ALGORITHMS,
             script::CHECK_STATE,
             script::ENTRY,
             script::LEASE_ENTRY,
             script::HOLD_ENTRY,
+            script::EXPORT_ENTRY,
+            script::IMPORT_ENTRY,
+            script::SEEN_ENTRY,
         );
         let digest = fred::util::sha1_hash(&body);
         let name = format!("sluice_{}", &digest[..16]);
@@ -68,13 +81,19 @@ impl Library {
              end\n\
              redis.register_function('{name}_check', function(keys, args) return run(1, keys, args) end)\n\
              redis.register_function('{name}_lease', function(keys, args) return run(2, keys, args) end)\n\
-             redis.register_function('{name}_hold', function(keys, args) return run(3, keys, args) end)\n"
+             redis.register_function('{name}_hold', function(keys, args) return run(3, keys, args) end)\n\
+             redis.register_function('{name}_export', function(keys, args) return run(4, keys, args) end)\n\
+             redis.register_function('{name}_import', function(keys, args) return run(5, keys, args) end)\n\
+             redis.register_function('{name}_seen', function(keys, args) return run(6, keys, args) end)\n"
         );
         Self {
             code: Value::from(code),
             check: Value::from(format!("{name}_check")),
             lease: Value::from(format!("{name}_lease")),
             hold: Value::from(format!("{name}_hold")),
+            export: Value::from(format!("{name}_export")),
+            import: Value::from(format!("{name}_import")),
+            seen: Value::from(format!("{name}_seen")),
         }
     }
 
@@ -84,6 +103,9 @@ impl Library {
             Entry::Check => &self.check,
             Entry::Lease => &self.lease,
             Entry::Hold => &self.hold,
+            Entry::Export => &self.export,
+            Entry::Import => &self.import,
+            Entry::Seen => &self.seen,
         }
     }
 }

@@ -233,6 +233,7 @@ impl Health {
                 "nodes": nodes,
             }),
             lua: Some(lua),
+            regions: serde_json::Value::Null,
         }
     }
 

@@ -16,6 +16,7 @@ pub(crate) mod batcher;
 pub(crate) mod call;
 pub(crate) mod client;
 pub(crate) mod clients;
+pub(crate) mod exchange;
 pub(crate) mod functions;
 pub(crate) mod health;
 pub(crate) mod hold;
@@ -36,7 +37,7 @@ pub(crate) use tls::RedisTls;
 
 use crate::algorithm::Decision;
 use crate::lanes;
-use crate::regions::links::RegionLinks;
+use crate::regions::links::{Published, RegionLinks};
 use crate::store::breaker::BreakerSettings;
 use crate::store::{
     HoldCall, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
@@ -210,6 +211,60 @@ impl RedisStore {
         let shared = &self.main.shared;
         shared.nodes.wait_known(shared.timeout).await;
         hold::run(shared, call, Some(now)).await
+    }
+}
+
+/// The region exchange ([`exchange`]), on the main backend's clients: off the request
+/// path, each call within `timeout`.
+impl RedisStore {
+    /// The stored states of `items` (`None` where there is none).
+    pub(crate) async fn export_states(
+        &self,
+        items: &[Published],
+        timeout: Duration,
+    ) -> Result<Vec<Option<bytes::Bytes>>, StoreError> {
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(timeout).await;
+        exchange::export(shared, items, timeout).await
+    }
+
+    /// Keeps another region's published `states` at the keys with `suffix`; the
+    /// number of keys written. `now` overrides Redis `TIME` (tests).
+    pub(crate) async fn import_states(
+        &self,
+        suffix: &[u8],
+        states: &[(Published, bytes::Bytes)],
+        now: Option<crate::algorithm::Micros>,
+        timeout: Duration,
+    ) -> Result<u64, StoreError> {
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(timeout).await;
+        exchange::import(shared, suffix, states, now, timeout).await
+    }
+
+    /// Leaves region `from`'s mark: `keys` published, for `ttl`.
+    pub(crate) async fn mark_seen(
+        &self,
+        from: &str,
+        keys: u64,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(timeout).await;
+        exchange::mark_seen(shared, from, keys, ttl, timeout).await
+    }
+
+    /// Region `from`'s mark here: the keys of its last publication and the mark's time
+    /// left, if it has published within the stale time.
+    pub(crate) async fn read_seen(
+        &self,
+        from: &str,
+        timeout: Duration,
+    ) -> Result<Option<(u64, Duration)>, StoreError> {
+        let shared = &self.main.shared;
+        shared.nodes.wait_known(timeout).await;
+        exchange::read_seen(shared, from, timeout).await
     }
 }
 
@@ -456,11 +511,19 @@ impl Store for RedisStore {
 
     fn status(&self) -> StoreStatus {
         let shared = &self.main.shared;
-        shared.health.status(
-            &shared.nodes.topology(),
-            self.connectivity(),
-            self.scripting.name(),
-        )
+        StoreStatus {
+            regions: shared
+                .regions
+                .as_ref()
+                .map_or(serde_json::Value::Null, |links| {
+                    links.status(&*crate::clock::SystemClock::shared())
+                }),
+            ..shared.health.status(
+                &shared.nodes.topology(),
+                self.connectivity(),
+                self.scripting.name(),
+            )
+        }
     }
 
     fn kind(&self) -> &'static str {

@@ -87,7 +87,33 @@ pub(crate) const HOLD_SCRIPT: &str = concat!(
 pub(crate) static HOLD_SHA: LazyLock<Value> =
     LazyLock::new(|| Value::from(fred::util::sha1_hash(HOLD_SCRIPT)));
 
-/// Which entry point a call runs: the main one, the lease's or the hold's.
+/// The region exchange's entry points (`scripts/export.lua`, `import.lua`, `seen.lua`):
+/// reading aggregated limits' states, keeping another region's, and each region's mark.
+pub(crate) const EXPORT_ENTRY: &str = include_str!("scripts/export.lua");
+/// See [`EXPORT_ENTRY`].
+pub(crate) const IMPORT_ENTRY: &str = include_str!("scripts/import.lua");
+/// See [`EXPORT_ENTRY`].
+pub(crate) const SEEN_ENTRY: &str = include_str!("scripts/seen.lua");
+
+/// The whole export script, as loaded with `SCRIPT LOAD`.
+const EXPORT_SCRIPT: &str = include_str!("scripts/export.lua");
+/// The whole import script: the helpers and algorithms (it decodes and merges states).
+const IMPORT_SCRIPT: &str = concat!(algorithms!(), include_str!("scripts/import.lua"));
+/// The whole seen script.
+const SEEN_SCRIPT: &str = include_str!("scripts/seen.lua");
+
+/// SHA-1 of each exchange script, the name `EVALSHA` runs it by.
+static EXPORT_SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(EXPORT_SCRIPT)));
+/// See [`EXPORT_SHA`].
+static IMPORT_SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(IMPORT_SCRIPT)));
+/// See [`EXPORT_SHA`].
+static SEEN_SHA: LazyLock<Value> =
+    LazyLock::new(|| Value::from(fred::util::sha1_hash(SEEN_SCRIPT)));
+
+/// Which entry point a call runs: the main one, the lease's, the hold's, or one of the
+/// region exchange's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Entry {
     /// `scripts/main.lua`: decides checks.
@@ -96,6 +122,12 @@ pub(crate) enum Entry {
     Lease,
     /// `scripts/hold.lua`: takes, probes or frees a concurrency limit's slot.
     Hold,
+    /// `scripts/export.lua`: reads states to publish.
+    Export,
+    /// `scripts/import.lua`: keeps another region's published states.
+    Import,
+    /// `scripts/seen.lua`: writes or reads another region's mark.
+    Seen,
 }
 
 impl Entry {
@@ -105,6 +137,9 @@ impl Entry {
             Entry::Check => SCRIPT,
             Entry::Lease => LEASE_SCRIPT,
             Entry::Hold => HOLD_SCRIPT,
+            Entry::Export => EXPORT_SCRIPT,
+            Entry::Import => IMPORT_SCRIPT,
+            Entry::Seen => SEEN_SCRIPT,
         }
     }
 
@@ -114,6 +149,9 @@ impl Entry {
             Entry::Check => &SHA,
             Entry::Lease => &LEASE_SHA,
             Entry::Hold => &HOLD_SHA,
+            Entry::Export => &EXPORT_SHA,
+            Entry::Import => &IMPORT_SHA,
+            Entry::Seen => &SEEN_SHA,
         }
     }
 }

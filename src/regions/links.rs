@@ -189,6 +189,15 @@ impl RegionLinks {
         }
     }
 
+    #[cfg(feature = "test-hooks")]
+    /// Marks region `name` stale (taken at its fallback share) or not, as reading its
+    /// mark would (tests).
+    pub fn set_stale(&self, name: &str, stale: bool) {
+        for peer in self.peers.iter().filter(|peer| &*peer.name == name) {
+            peer.set_stale(stale);
+        }
+    }
+
     /// Keys dropped so far because too many waited.
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

@@ -9,5 +9,6 @@ mod redis_deadlines;
 mod redis_hold;
 mod redis_lease;
 mod redis_memory;
+mod redis_regions;
 mod redis_scripts;
 mod store_behaviour;

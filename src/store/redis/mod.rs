@@ -214,6 +214,37 @@ impl RedisStore {
     }
 }
 
+#[cfg(feature = "test-hooks")]
+/// Test hooks of the region exchange: another region's state kept here as its
+/// publication would keep it, at an injected time.
+impl RedisStore {
+    /// Keeps `state` (a window algorithm's stored string) as region `from`'s state of
+    /// the single `limit` of `key`, as a publication does, at `now`; the number of keys
+    /// written (0: the state held is newer).
+    pub async fn import_at(
+        &self,
+        from: &str,
+        key: crate::store::CounterKey,
+        limit: &crate::store::LimitCheck,
+        state: bytes::Bytes,
+        now: crate::algorithm::Micros,
+    ) -> Result<u64, StoreError> {
+        let published = Published {
+            key: key.for_limit(0),
+            algorithm: limit.algorithm,
+            period: limit.quota.period,
+        };
+        let suffix = format!(":from:{from}");
+        self.import_states(
+            suffix.as_bytes(),
+            &[(published, state)],
+            Some(now),
+            Duration::from_secs(1),
+        )
+        .await
+    }
+}
+
 /// The region exchange ([`exchange`]), on the main backend's clients: off the request
 /// path, each call within `timeout`.
 impl RedisStore {

@@ -16,7 +16,7 @@ use sluice::regions::{RegionPlan, RegionWeights, Sharing};
 use sluice::store::redis::script::limit_key;
 use sluice::store::redis::{RedisMode, RedisOptions, RedisStore};
 use sluice::store::{CounterKey, KeyPrefix, LimitCheck, StoreCheck};
-use support::redis::{connected_store_with, store_options, RedisServer};
+use support::redis::{connected_store_with, store_options, RedisCluster, RedisServer};
 
 /// xorshift64*: a seeded generator, so a failure names its seed.
 struct Rng(u64);
@@ -277,4 +277,64 @@ async fn a_publication_sent_twice_or_out_of_order_counts_once() {
         client.get::<Bytes, _>(&a_key).await.expect("GET"),
         next_window
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_counts_the_other_regions_kept_beside_each_key() {
+    let cluster = RedisCluster::start();
+    let plan = Arc::new(RegionPlan::new("a", ["b"]).expect("a plan"));
+    let links = Arc::new(RegionLinks::new(plan));
+    links.set_stale("b", false);
+    let metrics = Arc::new(sluice::telemetry::Metrics::new());
+    let a_options = store_options(RedisMode::Cluster, cluster.url());
+    let a = RedisStore::with_lanes(&a_options, metrics, &[], Some(links)).expect("store a");
+    let b = connected_store_with(&RedisOptions {
+        key_prefix: KeyPrefix::new("b:").expect("a prefix"),
+        ..store_options(RedisMode::Cluster, cluster.url())
+    })
+    .await;
+    let period = 60_000_000;
+    let now = 1_700_000_000_000_000 - 1_700_000_000_000_000 % period + 5;
+    let limit = |sharing| LimitCheck {
+        algorithm: AlgorithmKind::SlidingWindow,
+        quota: Quota {
+            limit: 10,
+            period,
+            burst: 10,
+            on_over_limit: Default::default(),
+        },
+        sharing,
+    };
+    let shared = limit(Sharing::Aggregate(RegionWeights(
+        [1; sluice::regions::MAX_REGIONS],
+    )));
+    let mut decisions = Vec::new();
+    // Keys on every shard: each is read beside its own key, in its own slot.
+    for n in 0..30u128 {
+        let key = CounterKey(n.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835));
+        b.check_at(
+            &[check(key, limit(Sharing::Regional), 7)],
+            true,
+            now,
+            &mut decisions,
+        )
+        .await
+        .expect("charge in b");
+        let client = b.client_for(key).expect("a node");
+        let raw: Bytes = client
+            .get(limit_key(&KeyPrefix::new("b:").expect("prefix"), key, 0))
+            .await
+            .expect("GET");
+        a.import_at("b", key, &limit(Sharing::Regional), raw, now)
+            .await
+            .expect("import");
+        decisions.clear();
+        for _ in 0..5 {
+            a.check_at(&[check(key, shared, 1)], true, now + 1, &mut decisions)
+                .await
+                .expect("aggregated check");
+        }
+        let admitted = decisions.iter().filter(|d| d.allowed).count();
+        assert_eq!(admitted, 3, "key {n}: 10 less b's 7");
+    }
 }

@@ -99,15 +99,10 @@ pub struct RegionWeights(pub [u16; MAX_REGIONS]);
 
 impl RegionWeights {
     /// The share of `limit` region `index` is taken to use while its usage is not known
-    /// (its link is cut): `ceil(limit × weight / sum of weights)`, computed in doubles as
-    /// `scripts/main.lua` does.
+    /// (its link is cut): its static share ([`split`] by these weights), so that a cut
+    /// region and the others together stay within the limit.
     pub fn fallback_share(&self, limit: u64, index: usize) -> u64 {
-        let sum: u64 = self.0.iter().map(|&w| u64::from(w)).sum();
-        let weight = self.0.get(index).copied().unwrap_or(0);
-        if sum == 0 || weight == 0 {
-            return 0;
-        }
-        (limit as f64 * f64::from(weight) / sum as f64).ceil() as u64
+        share_of(limit, &self.0.map(u64::from), index)
     }
 }
 
@@ -127,31 +122,38 @@ pub enum Sharing {
 /// (the lower index first among equals), so the shares add up to `total` exactly and
 /// every region computes the same ones. All weights zero: every share is zero.
 pub fn split(total: u64, weights: &[u64]) -> Vec<u64> {
+    (0..weights.len())
+        .map(|index| share_of(total, weights, index))
+        .collect()
+}
+
+/// Share `index` of [`split`], computed alone (no allocation: up to [`MAX_REGIONS`]
+/// weights are compared with it).
+fn share_of(total: u64, weights: &[u64], index: usize) -> u64 {
     let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    let Some(&weight) = weights.get(index) else {
+        return 0;
+    };
     if sum == 0 {
-        return vec![0; weights.len()];
+        return 0;
     }
-    let exact: Vec<(u128, u128)> = weights
+    let exact = |w: u64| {
+        let product = u128::from(total) * u128::from(w);
+        (product / sum, product % sum)
+    };
+    let given: u128 = weights.iter().map(|&w| exact(w).0).sum();
+    let left = u128::from(total) - given;
+    let (share, remainder) = exact(weight);
+    // Regions before this one in the order the units left are given in.
+    let ahead = weights
         .iter()
-        .map(|&w| {
-            let product = u128::from(total) * u128::from(w);
-            (product / sum, product % sum)
+        .enumerate()
+        .filter(|&(other, &w)| {
+            let r = exact(w).1;
+            r > remainder || (r == remainder && other < index)
         })
-        .collect();
-    let mut shares: Vec<u64> = exact
-        .iter()
-        .map(|&(share, _)| u64::try_from(share).unwrap_or(u64::MAX))
-        .collect();
-    let given: u64 = shares.iter().sum();
-    let mut order: Vec<usize> = (0..weights.len()).collect();
-    order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
-    for &index in order
-        .iter()
-        .take(usize::try_from(total - given).unwrap_or(0))
-    {
-        shares[index] += 1;
-    }
-    shares
+        .count() as u128;
+    u64::try_from(share + u128::from(ahead < left)).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::links::{PeerLink, Published, RegionLinks};
 use crate::algorithm::MICROS_PER_SECOND;
-use crate::clock::Clock;
+use crate::clock::{Clock, SystemClock};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::StoreError;
 use crate::telemetry::regions::{RegionLabel, RegionMetrics};
@@ -68,9 +68,9 @@ pub fn start(
     local: &RedisOptions,
     peers: &[(Arc<str>, RedisOptions)],
     timing: Timing,
-    clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
 ) -> Result<Exchange, StoreError> {
+    let clock: Arc<dyn Clock> = SystemClock::shared();
     let local = Arc::new(RedisStore::new(local, metrics.clone())?);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -112,7 +112,7 @@ struct Link {
     remote: RedisStore,
     /// How often and how patiently.
     timing: Timing,
-    /// The wall clock, for `/status` and `/metrics`.
+    /// The wall clock, for `/status` and `/metrics` (as [`RegionLinks::status`] reads).
     clock: Arc<dyn Clock>,
     /// The links' metrics.
     metrics: RegionMetrics,

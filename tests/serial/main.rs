@@ -11,3 +11,4 @@ mod ledger;
 mod ledger_tls;
 mod redis_exactness;
 mod redis_tls;
+mod regions;

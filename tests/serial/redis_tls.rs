@@ -28,7 +28,7 @@ const PASSWORD: &str = "tls-acl-s3cret";
 
 /// The README's minimal ACL user (the "Shared counters in Redis" section), verbatim but for the
 /// password.
-const ACL_USER: &str = "sluice on >PASSWORD ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +time +get +mget +set +del +pexpire +zadd +zrem +zrange +zcount +zcard +zremrangebyscore +zremrangebyrank +zrangebyscore +zscore +type +auth +client|id +info +select +cluster|slots +cluster|shards +cluster|info";
+const ACL_USER: &str = "sluice on >PASSWORD ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +time +get +mget +set +del +pexpire +zadd +zrem +zrange +zcount +zcard +zremrangebyscore +zremrangebyrank +zrangebyscore +zscore +type +pttl +auth +client|id +info +select +cluster|slots +cluster|shards +cluster|info";
 
 /// Every algorithm, so that every command the script runs meets the ACL.
 const ALGORITHMS: [&str; 5] = [

@@ -67,10 +67,10 @@ pub(crate) fn regions(
     let plan = RegionPlan::new(region, peers.iter().map(|(name, _)| *name))
         .map_err(|error| plan_error(region, &error))?;
     let (sync_interval, stale_after) = intervals(args)?;
+    // In the plan's order; the local region is the one name no peer entry has.
     let peers = plan
         .names()
         .iter()
-        .filter(|name| ***name != *region)
         .filter_map(|name| {
             let (_, url) = peers.iter().find(|(peer, _)| *peer == &**name)?;
             let options = RedisOptions {

@@ -247,6 +247,29 @@ pub struct ServeArgs {
     /// Sluice instances sharing the store; the `local` failure mode enforces limit / replicas.
     #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 1)]
     pub(crate) replicas: u32,
+    /// This instance's region (`a-z`, `0-9` and `-`, at most 32 characters): limits with
+    /// `scope: global` are shared with the --peer-region regions. Needs a Redis store.
+    #[arg(long, env = "SLUICE_REGION")]
+    pub(crate) region: Option<String>,
+    /// Another region and its Redis, as `NAME=URL` (repeat the flag; `;` separates them in
+    /// the variable, since a cluster's URL is a comma-separated seed list). The peer's
+    /// store is of the same kind, with the same TLS files, auth, timeouts, batching and
+    /// key prefix, as the local one: only the URL differs.
+    #[arg(
+        long = "peer-region",
+        env = "SLUICE_PEER_REGIONS",
+        value_name = "NAME=URL",
+        value_delimiter = ';',
+        hide_env_values = true
+    )]
+    pub(crate) peer_regions: Vec<String>,
+    /// How often this instance publishes its usage to the other regions (10ms to 60s) [default: 1s].
+    #[arg(long, env = "SLUICE_REGION_SYNC_INTERVAL", value_parser = humantime::parse_duration)]
+    pub(crate) region_sync_interval: Option<Duration>,
+    /// A peer region whose last usage is older than this is taken to use its fallback
+    /// share (longer than --region-sync-interval, at most 10m) [default: 3 × --region-sync-interval].
+    #[arg(long, env = "SLUICE_REGION_STALE_AFTER", value_parser = humantime::parse_duration)]
+    pub(crate) region_stale_after: Option<Duration>,
     /// Most limit states the memory store holds before evicting.
     #[arg(long, env = "SLUICE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub(crate) memory_max_keys: usize,

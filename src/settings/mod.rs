@@ -12,6 +12,7 @@ mod listener;
 mod observability;
 pub(crate) mod redis;
 pub(crate) mod reference;
+mod regions;
 mod service;
 mod tls;
 mod xds;
@@ -26,6 +27,7 @@ pub use cli::{
     ServeArgs, TlsArgs, UsageArgs, UsageCommand, UsageExportArgs,
 };
 pub(crate) use observability::PrometheusSettings;
+pub use regions::RegionSettings;
 pub use xds::ConfigSource;
 
 use crate::limiter::LimiterSettings;
@@ -67,13 +69,15 @@ pub struct Settings {
     pub(crate) memory_max_keys: usize,
     /// How to reach Redis (used by the Redis store kinds).
     pub redis: RedisOptions,
+    /// This instance's region and its peers' stores, when `--region` is given.
+    pub regions: Option<RegionSettings>,
     /// Worker threads (`None`: one per core).
     pub workers: Option<usize>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
-    /// How rule files combine.
+    /// How rule files combine, and the regions a global limit is shared between.
     pub load: LoadOptions,
     /// Response shaping.
     pub response: ResponseOptions,
@@ -143,6 +147,10 @@ impl Settings {
         let response = service::response(args, reference)?;
         let limiter = service::limiter(args, reference)?;
         let (store, redis) = redis::store(args, reference)?;
+        let regions = regions::regions(args, store, &redis)?;
+        let mut load = load_options(args.merge_domains, env)?;
+        // Only `serve` shares limits between regions: `check` and `explain` leave it None.
+        load.regions = regions.as_ref().map(|regions| regions.plan.clone());
         let tracing = observability::tracing(args, reference)?;
         Ok(Self {
             config: listener::config_path(args.config.as_ref(), reference),
@@ -152,10 +160,11 @@ impl Settings {
             store,
             memory_max_keys: args.memory_max_keys,
             redis,
+            regions,
             workers: args.workers,
             log_format,
             log_level,
-            load: load_options(args.merge_domains, env)?,
+            load,
             response,
             limiter,
             bounds: RequestBounds {

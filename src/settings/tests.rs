@@ -5,6 +5,7 @@ use clap::Parser;
 
 use super::*;
 use crate::service::HeaderMode;
+use crate::store::redis::RedisOptions;
 use crate::telemetry::OtlpProtocol;
 
 fn resolve(argv: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
@@ -450,4 +451,266 @@ fn check_and_explain_read_merge_domain_config() {
         config_path(None, &runtime),
         PathBuf::from("/data/ratelimit/config")
     );
+}
+
+#[test]
+fn regions_from_the_flags() {
+    let settings = resolve(
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://local:6379",
+            "--region",
+            "eu",
+            "--peer-region",
+            "us=redis://u:p@us:6379",
+            "--peer-region",
+            "ap=redis://ap:6379",
+        ],
+        &[("REDIS_AUTH", "secret")],
+    )
+    .expect("resolves");
+    let regions = settings.regions.expect("regions");
+    assert_eq!(regions.plan.local_name(), "eu");
+    let names: Vec<&str> = regions.plan.names().iter().map(|n| &**n).collect();
+    assert_eq!(names, ["ap", "eu", "us"]);
+    assert_eq!(settings.load.regions.as_ref(), Some(&regions.plan));
+    let peers: Vec<(&str, &str)> = regions
+        .peers
+        .iter()
+        .map(|(name, options)| (&**name, options.url.as_str()))
+        .collect();
+    assert_eq!(
+        peers,
+        [("ap", "redis://ap:6379"), ("us", "redis://u:p@us:6379")]
+    );
+    // A peer's store is the local one at another URL.
+    for (_, peer) in &regions.peers {
+        let local = RedisOptions {
+            url: peer.url.clone(),
+            ..settings.redis.clone()
+        };
+        assert_eq!(format!("{peer:?}"), format!("{local:?}"));
+        assert_eq!(peer.auth.as_deref(), Some("secret"));
+    }
+    assert_eq!(regions.sync_interval, Duration::from_secs(1));
+    assert_eq!(regions.stale_after, Duration::from_secs(3));
+    // Debug output (and so any log of the settings) masks the peers' passwords.
+    assert!(!format!("{:?}", regions.peers).contains("u:p"));
+}
+
+#[test]
+fn peer_regions_from_the_variable_split_on_semicolons() {
+    let command = <Cli as clap::CommandFactory>::command();
+    let serve = command.find_subcommand("serve").expect("serve");
+    let arg = serve
+        .get_arguments()
+        .find(|arg| arg.get_long() == Some("peer-region"))
+        .expect("--peer-region");
+    assert_eq!(
+        arg.get_env().and_then(|name| name.to_str()),
+        Some("SLUICE_PEER_REGIONS")
+    );
+    assert!(arg.is_hide_env_values_set(), "peer URLs may hold passwords");
+    let peers = peers_from_variable(
+        "us-east=redis://c:7000,redis://d:7000;ap=e:7000;",
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            "redis://a:7000,redis://b:7000",
+            "--region",
+            "eu-west",
+            "--region-sync-interval",
+            "250ms",
+        ],
+    );
+    let regions = peers.regions.expect("regions");
+    let urls: Vec<(&str, &str)> = regions
+        .peers
+        .iter()
+        .map(|(name, options)| (&**name, options.url.as_str()))
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            ("ap", "e:7000"),
+            ("us-east", "redis://c:7000,redis://d:7000")
+        ]
+    );
+    assert!(regions
+        .peers
+        .iter()
+        .all(|(_, options)| options.mode == peers.redis.mode));
+    assert_eq!(regions.sync_interval, Duration::from_millis(250));
+    assert_eq!(regions.stale_after, Duration::from_millis(750));
+}
+
+/// `serve` with `argv` and `value` in the `--peer-region` variable. The variable is
+/// renamed to one no other test reads (clap reads the process's environment, which
+/// tests running in parallel share); the real name is asserted above.
+fn peers_from_variable(value: &str, argv: &[&str]) -> Settings {
+    const VARIABLE: &str = "SLUICE_TEST_ONLY_PEER_REGIONS";
+    // `Arg::env` reads the variable when it is called.
+    std::env::set_var(VARIABLE, value);
+    let command = <Cli as clap::CommandFactory>::command().mut_subcommand("serve", |serve| {
+        serve.mut_arg("peer_regions", |arg| arg.env(VARIABLE))
+    });
+    std::env::remove_var(VARIABLE);
+    let mut full = vec!["sluice", "serve"];
+    full.extend_from_slice(argv);
+    let matches = command.try_get_matches_from(full).expect("arguments parse");
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).expect("a command line");
+    let Command::Serve(args) = cli.into_command() else {
+        panic!("not serve");
+    };
+    Settings::resolve(&args, &|_| None).expect("resolves")
+}
+
+#[test]
+fn one_region_alone_is_allowed() {
+    let settings = resolve(
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis:6379",
+            "--region",
+            "eu",
+        ],
+        &[],
+    )
+    .expect("resolves");
+    let regions = settings.regions.expect("regions");
+    assert!(regions.peers.is_empty());
+    assert_eq!(regions.plan.names().len(), 1);
+    assert!(settings.load.regions.is_some());
+    // Without --region, nothing is shared.
+    let none = resolve(&["--store", "redis", "--redis-url", "redis:6379"], &[]).expect("resolves");
+    assert!(none.regions.is_none() && none.load.regions.is_none());
+}
+
+#[test]
+fn bad_region_settings_are_refused_by_flag() {
+    let redis = ["--store", "redis", "--redis-url", "redis:6379"];
+    let error = |argv: &[&str]| {
+        let mut full = redis.to_vec();
+        full.extend_from_slice(argv);
+        resolve(&full, &[]).expect_err("refused")
+    };
+    for (argv, name, says) in [
+        (
+            &["--peer-region", "us=redis:6379"][..],
+            "--peer-region",
+            "needs --region",
+        ),
+        (
+            &["--region-sync-interval", "2s"],
+            "--region-sync-interval",
+            "needs --region",
+        ),
+        (
+            &["--region-stale-after", "9s"],
+            "--region-stale-after",
+            "needs --region",
+        ),
+        (
+            &["--region", "eu", "--peer-region", "us"],
+            "--peer-region",
+            "NAME=URL",
+        ),
+        (
+            &["--region", "eu", "--peer-region", "us="],
+            "--peer-region",
+            "no Redis URL",
+        ),
+        (&["--region", "EU"], "--region", "a-z, 0-9 and -"),
+        (
+            &["--region", "eu", "--peer-region", "u_s=redis:1"],
+            "--peer-region",
+            "a-z, 0-9 and -",
+        ),
+        (
+            &["--region", "eu", "--peer-region", "eu=redis:1"],
+            "--peer-region",
+            "named twice",
+        ),
+        (
+            &[
+                "--region",
+                "eu",
+                "--peer-region",
+                "us=redis:1",
+                "--peer-region",
+                "us=redis:2",
+            ],
+            "--peer-region",
+            "named twice",
+        ),
+        (
+            &[
+                "--region",
+                "a",
+                "--peer-region",
+                "b=r:1;c=r:1;d=r:1;e=r:1;f=r:1;g=r:1;h=r:1;i=r:1",
+            ],
+            "--peer-region",
+            "at most 8 regions",
+        ),
+        (
+            &["--region", "eu", "--region-sync-interval", "5ms"],
+            "--region-sync-interval",
+            "10ms to 60s",
+        ),
+        (
+            &["--region", "eu", "--region-sync-interval", "61s"],
+            "--region-sync-interval",
+            "10ms to 60s",
+        ),
+        (
+            &["--region", "eu", "--region-stale-after", "1s"],
+            "--region-stale-after",
+            "longer than",
+        ),
+        (
+            &["--region", "eu", "--region-stale-after", "11m"],
+            "--region-stale-after",
+            "at most 10m",
+        ),
+        (
+            &["--region", "eu", "--region-sync-interval", "5m"],
+            "--region-sync-interval",
+            "10ms to 60s",
+        ),
+    ] {
+        let error = error(argv);
+        assert_eq!(error.name, name, "{argv:?}: {error}");
+        assert!(error.to_string().contains(says), "{argv:?}: {error}");
+    }
+    let memory = resolve(&["--region", "eu"], &[]).expect_err("the memory store");
+    assert_eq!(memory.name, "--region");
+    assert!(
+        memory
+            .to_string()
+            .contains("--store redis, redis-cluster or redis-sentinel"),
+        "{memory}"
+    );
+    // A password in an entry without `=` is not printed.
+    let masked = error(&[
+        "--region",
+        "eu",
+        "--peer-region",
+        "redis://u:secret@us:6379",
+    ]);
+    assert!(!masked.to_string().contains("secret"), "{masked}");
+}
+
+#[test]
+fn check_and_explain_share_no_regions() {
+    let env = |name: &str| (name == "SLUICE_REGION").then(|| "eu".to_owned());
+    assert!(load_options(None, &env)
+        .expect("resolves")
+        .regions
+        .is_none());
 }

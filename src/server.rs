@@ -18,11 +18,13 @@ use crate::lifecycle::Lifecycle;
 use crate::listener::lanes::MakeRouter;
 use crate::listener::{self, tls::ReloadingTls, ConnectionAge};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
+use crate::regions::links::RegionLinks;
+use crate::regions::publish::{self, Exchange, Timing};
 use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
 use crate::service::debug::DebugReports;
 use crate::service::{GrpcService, Service};
-use crate::settings::{ConfigSource, Settings, StoreKind};
+use crate::settings::{ConfigSource, RegionSettings, Settings, StoreKind};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{mask_url, RedisStore};
 use crate::store::Store;
@@ -115,9 +117,17 @@ pub async fn run_with_clock(
             // Each lane gets its own batcher and clients, on its own runtime, so a call
             // never leaves its lane. Startup waits for Redis at most REDIS_WARM_UP:
             // a Redis that is down does not hold it longer.
-            let store =
-                RedisStore::with_lanes(&settings.redis, metrics.clone(), &lanes.handles(), None)
-                    .map_err(|error| ServerError::Store(error.to_string()))?;
+            let links = settings
+                .regions
+                .as_ref()
+                .map(|regions| Arc::new(RegionLinks::new(regions.plan.clone())));
+            let store = RedisStore::with_lanes(
+                &settings.redis,
+                metrics.clone(),
+                &lanes.handles(),
+                links.clone(),
+            )
+            .map_err(|error| ServerError::Store(error.to_string()))?;
             tracing::info!(
                 store = store.kind(),
                 url = %mask_url(&settings.redis.url),
@@ -125,9 +135,47 @@ pub async fn run_with_clock(
                 "using redis"
             );
             store.warm_up(REDIS_WARM_UP).await;
-            serve(listeners, settings, store, clock, metrics, lanes, shutdown).await
+            // Publishes usage to the other regions until serving ends (dropped).
+            let exchange = match (&settings.regions, links) {
+                (Some(regions), Some(links)) => {
+                    Some(start_exchange(regions, links, &settings, &metrics)?)
+                }
+                _ => None,
+            };
+            let result = serve(listeners, settings, store, clock, metrics, lanes, shutdown).await;
+            drop(exchange);
+            result
         }
     }
+}
+
+/// Starts publishing usage to the other regions of `regions` (`--region`).
+fn start_exchange(
+    regions: &RegionSettings,
+    links: Arc<RegionLinks>,
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<Exchange, ServerError> {
+    let peers: Vec<&str> = regions.peers.iter().map(|(name, _)| &**name).collect();
+    tracing::info!(
+        region = regions.plan.local_name(),
+        peers = ?peers,
+        sync_interval = ?regions.sync_interval,
+        stale_after = ?regions.stale_after,
+        "sharing global limits with other regions"
+    );
+    let timing = Timing {
+        sync_interval: regions.sync_interval,
+        stale_after: regions.stale_after,
+    };
+    publish::start(
+        links,
+        &settings.redis,
+        &regions.peers,
+        timing,
+        metrics.clone(),
+    )
+    .map_err(|error| ServerError::Store(format!("regions: {error}")))
 }
 
 /// How long shutdown waits for the ledger to write what it holds.

@@ -2,7 +2,7 @@
 //! anything. Used by `sluice explain` (no store) and `POST /explain` (current state
 //! read from the store with `peek`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 
@@ -11,7 +11,8 @@ use super::slots::{slot_of, unnamed, Slot};
 use super::{CheckRequest, Limiter};
 use crate::algorithm::concurrency::SlotOp;
 use crate::algorithm::{AlgorithmKind, Decision};
-use crate::rules::{Matched, Rules};
+use crate::regions::RegionPlan;
+use crate::rules::{named_weights, Limit, Matched, Rules, Scope};
 use crate::store::{HoldCall, Store, StoreError};
 
 /// What applies to one descriptor, and why.
@@ -77,6 +78,31 @@ pub(crate) struct LimitView {
     /// The longest a refused request is delayed instead (`max_delay`), in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) max_delay_ms: Option<u64>,
+    /// How the limit is shared between regions (no field for a regional limit).
+    #[serde(flatten)]
+    pub(crate) regions: RegionsView,
+}
+
+/// How one limit is shared between regions, for humans; every field is left out for a
+/// regional limit, whose view stays as it was before regions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub(crate) struct RegionsView {
+    /// `global` for a limit shared between regions (none: regional).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) scope: Option<&'static str>,
+    /// How a global limit is shared: `split` or `aggregate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sharing: Option<&'static str>,
+    /// A split limit's configured limit of all regions (`requests_per_unit` is this
+    /// region's share).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) global_limit: Option<u32>,
+    /// A split limit's configured burst of all regions (`burst` is this region's share).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) global_burst: Option<u32>,
+    /// A global limit's weight per region name (when the regions are known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) weights: Option<BTreeMap<String, u16>>,
 }
 
 /// One decision, for humans.
@@ -145,10 +171,10 @@ pub(crate) async fn explain<S: Store>(
             Applies::NoMatch => {}
             Applies::Unlimited(matched) => {
                 explanation.outcome = "unlimited";
-                explanation.rule = Some(rule_view(&matched));
+                explanation.rule = Some(rule_view(&matched, rules.regions()));
             }
             Applies::Limited { matched, check, .. } => {
-                explanation.rule = Some(rule_view(&matched));
+                explanation.rule = Some(rule_view(&matched, rules.regions()));
                 if is_replaced(&matched.rule, &replaced) {
                     explanation.outcome = "replaced";
                 } else {
@@ -188,8 +214,8 @@ pub(crate) async fn explain<S: Store>(
     Ok(out)
 }
 
-/// The matched rule, for humans.
-fn rule_view(matched: &Matched<'_>) -> RuleView {
+/// The matched rule, for humans; `regions` name a global limit's weights.
+fn rule_view(matched: &Matched<'_>, regions: Option<&RegionPlan>) -> RuleView {
     let rule = &matched.rule;
     RuleView {
         stats_key: matched.stats_key.to_string(),
@@ -215,9 +241,42 @@ fn rule_view(matched: &Matched<'_>) -> RuleView {
                     on_over_limit: limit.on_over_limit.as_str(),
                     max_hold_ms: concurrency.then_some(limit.max_hold / 1_000),
                     max_delay_ms: (limit.max_delay > 0).then_some(limit.max_delay / 1_000),
+                    regions: regions_view(limit, regions),
                 }
             })
             .collect(),
+    }
+}
+
+/// How `limit` is shared between `regions`, for humans.
+fn regions_view(limit: &Limit, regions: Option<&RegionPlan>) -> RegionsView {
+    let (sharing, global_limit, global_burst, weights) = match &limit.scope {
+        Scope::Regional => (None, None, None, None),
+        Scope::Split {
+            global_limit,
+            global_burst,
+            weights,
+        } => (
+            Some("split"),
+            Some(*global_limit),
+            *global_burst,
+            Some(weights),
+        ),
+        Scope::Aggregate { weights } => (Some("aggregate"), None, None, Some(weights)),
+    };
+    RegionsView {
+        scope: sharing.map(|_| "global"),
+        sharing,
+        global_limit,
+        global_burst,
+        weights: weights
+            .and_then(|weights| named_weights(weights, regions))
+            .map(|named| {
+                named
+                    .into_iter()
+                    .map(|(name, weight)| (name.to_string(), weight))
+                    .collect()
+            }),
     }
 }
 

@@ -28,8 +28,9 @@ use tracing::Instrument;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_SECOND};
 use crate::clock::Clock;
+use crate::regions::Sharing;
 use crate::rules::{
-    stats_name, Entry, FailureMode, LeaseMode, LimitOverride, Matched, Rule, RuleRef, Rules,
+    stats_name, Entry, FailureMode, LeaseMode, LimitOverride, Matched, Rule, RuleRef, Rules, Scope,
 };
 use crate::store::{CounterKey, LimitCheck, Store, StoreCheck, StoreError};
 use crate::telemetry::{Metrics, RuleCounters, RuleStat};
@@ -83,7 +84,10 @@ pub fn store_check(
         .map(|limit| LimitCheck {
             algorithm: limit.algorithm,
             quota: limit.quota(),
-            sharing: crate::regions::Sharing::Regional,
+            sharing: match limit.scope {
+                Scope::Aggregate { weights } => Sharing::Aggregate(weights),
+                Scope::Regional | Scope::Split { .. } => Sharing::Regional,
+            },
         })
         .collect();
     // A concurrency limit's last entry names the request's slot: not its counters.

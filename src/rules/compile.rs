@@ -12,6 +12,7 @@ use super::index::{KeyNodes, Level, Node};
 use super::limits::rule_limits;
 use super::schema::{RawDescriptor, RawRoot};
 use super::{ConfigError, Needs, Rule};
+use crate::regions::RegionPlan;
 
 /// Deepest descriptor nesting accepted (levels below the domain).
 pub(crate) const MAX_DEPTH: usize = 32;
@@ -27,6 +28,8 @@ pub(crate) struct Builder {
     pub(crate) rules: Vec<Arc<Rule>>,
     pub(crate) errors: Vec<ConfigError>,
     descriptors: usize,
+    /// The regions `scope: global` limits are shared between (none: one region).
+    pub(crate) regions: Option<Arc<RegionPlan>>,
 }
 
 /// One level of a domain being built.
@@ -191,7 +194,13 @@ impl Builder {
         stats_key: &str,
         raw: &RawDescriptor,
     ) -> Option<Arc<Rule>> {
-        let spec = rule_limits(place.file, path, raw, &mut self.errors)?;
+        let spec = rule_limits(
+            place.file,
+            path,
+            raw,
+            self.regions.as_deref(),
+            &mut self.errors,
+        )?;
         let stats_key: Arc<str> = stats_key.into();
         let stats_label = match super::stats_name(&stats_key) {
             std::borrow::Cow::Borrowed(_) => stats_key.clone(),

@@ -1,11 +1,12 @@
 //! The limits of one descriptor: the reference's `rate_limit` checks, and Sluice's
-//! extensions (`algorithm`, `burst`, `failure_mode`, `rate_limits`).
+//! extensions (`algorithm`, `burst`, `failure_mode`, `rate_limits`, `scope`).
 
 use std::sync::Arc;
 
 use super::schema::{RawDescriptor, RawRateLimit};
-use super::{ConfigError, FailureMode, Lease, LeaseMode, Limit, Unit};
+use super::{ConfigError, FailureMode, Lease, LeaseMode, Limit, Scope, Unit};
 use crate::algorithm::{AlgorithmKind, Micros, OnOverLimit, MICROS_PER_SECOND};
+use crate::regions::{RegionError, RegionPlan, RegionWeights, MAX_REGIONS};
 
 /// Shortest and longest `lease_ttl`.
 const LEASE_TTL_RANGE: (u64, u64) = (1_000, 60_000_000);
@@ -31,6 +32,9 @@ const MAX_HOLD_RANGE: (Micros, Micros) = (MICROS_PER_SECOND, 86_400 * MICROS_PER
 /// Shortest and longest `max_delay`: a delayed answer holds the call open that long.
 const MAX_DELAY_RANGE: (Micros, Micros) = (1_000, 60 * MICROS_PER_SECOND);
 
+/// Lowest and highest weight of a region in `weights`.
+const WEIGHT_RANGE: (i64, i64) = (1, 1_000);
+
 /// What a descriptor's `rate_limit`/`rate_limits` compile to.
 pub(crate) struct RuleLimits {
     pub(crate) name: Option<Arc<str>>,
@@ -39,12 +43,14 @@ pub(crate) struct RuleLimits {
     pub(crate) replaces: Vec<Arc<str>>,
 }
 
-/// Compiles the limits of descriptor `raw` at YAML `path`; `None` when it has none or
-/// they are invalid (the errors are pushed to `errors`).
+/// Compiles the limits of descriptor `raw` at YAML `path` for an instance of `regions`
+/// (none: one region, the whole world); `None` when it has none or they are invalid (the
+/// errors are pushed to `errors`).
 pub(crate) fn rule_limits(
     file: &str,
     path: &str,
     raw: &RawDescriptor,
+    regions: Option<&RegionPlan>,
     errors: &mut Vec<ConfigError>,
 ) -> Option<RuleLimits> {
     let before = errors.len();
@@ -68,8 +74,8 @@ pub(crate) fn rule_limits(
             ));
             return None;
         }
-        (Some(one), None) => single(file, &format!("{path}.rate_limit"), one, errors),
-        (None, Some(list)) => several(file, &format!("{path}.rate_limits"), list, errors),
+        (Some(one), None) => single(file, &format!("{path}.rate_limit"), one, regions, errors),
+        (None, Some(list)) => several(file, &format!("{path}.rate_limits"), list, regions, errors),
     };
     slot_fits(file, path, raw, &out, errors);
     let delayed = out.limits.iter().any(|limit| limit.max_delay > 0);
@@ -141,9 +147,15 @@ fn slot_fits(
 }
 
 /// The reference's `rate_limit`, plus the extension fields.
-fn single(file: &str, path: &str, raw: &RawRateLimit, errors: &mut Vec<ConfigError>) -> RuleLimits {
+fn single(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    regions: Option<&RegionPlan>,
+    errors: &mut Vec<ConfigError>,
+) -> RuleLimits {
     if raw.algorithm.as_deref() == Some(AlgorithmKind::Concurrency.as_str()) {
-        return concurrency(file, path, raw, errors);
+        return concurrency(file, path, raw, regions, errors);
     }
     let unlimited = raw.unlimited.unwrap_or(false);
     let name = raw.name.as_deref().unwrap_or_default();
@@ -160,8 +172,23 @@ fn single(file: &str, path: &str, raw: &RawRateLimit, errors: &mut Vec<ConfigErr
             format!("invalid rate limit unit '{unit_name}'"),
         ));
     }
+    if unlimited {
+        for (given, field) in [
+            (raw.scope.is_some(), "scope"),
+            (raw.sharing.is_some(), "sharing"),
+            (raw.weights.is_some(), "weights"),
+        ] {
+            if given {
+                errors.push(ConfigError::sluice(
+                    file,
+                    &format!("{path}.{field}"),
+                    format!("{field} does not apply to unlimited: nothing is counted"),
+                ));
+            }
+        }
+    }
     let replaces = replaces(file, name, raw, errors);
-    let limit = unit.and_then(|unit| limit(file, path, raw, unit, errors));
+    let limit = unit.and_then(|unit| limit(file, path, raw, unit, regions, errors));
     RuleLimits {
         name: (!name.is_empty()).then(|| name.into()),
         limits: if unlimited {
@@ -179,6 +206,7 @@ fn several(
     file: &str,
     path: &str,
     list: &[RawRateLimit],
+    regions: Option<&RegionPlan>,
     errors: &mut Vec<ConfigError>,
 ) -> RuleLimits {
     if list.is_empty() {
@@ -245,7 +273,7 @@ fn several(
             ));
             continue;
         };
-        limits.extend(limit(file, &path, raw, unit, errors));
+        limits.extend(limit(file, &path, raw, unit, regions, errors));
     }
     RuleLimits {
         name: name.map(Arc::from),
@@ -261,6 +289,7 @@ fn concurrency(
     file: &str,
     path: &str,
     raw: &RawRateLimit,
+    regions: Option<&RegionPlan>,
     errors: &mut Vec<ConfigError>,
 ) -> RuleLimits {
     let before = errors.len();
@@ -318,7 +347,7 @@ fn concurrency(
     let name = raw.name.as_deref().unwrap_or_default();
     let replaces = replaces(file, name, raw, errors);
     let failure_mode = failure_mode(file, path, raw, errors);
-    let limit = Limit {
+    let mut limit = Limit {
         requests_per_unit: max_in_flight,
         // Not a rate: `max_hold` is the period.
         unit: Unit::Second,
@@ -330,7 +359,9 @@ fn concurrency(
         on_over_limit: OnOverLimit::Refuse,
         max_hold,
         max_delay: 0,
+        scope: Scope::Regional,
     };
+    scope(file, path, raw, regions, &mut limit, errors);
     RuleLimits {
         name: (!name.is_empty()).then(|| name.into()),
         limits: (errors.len() == before)
@@ -464,6 +495,7 @@ fn limit(
     path: &str,
     raw: &RawRateLimit,
     unit: Unit,
+    regions: Option<&RegionPlan>,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Limit> {
     let before = errors.len();
@@ -528,7 +560,7 @@ fn limit(
         ledger_fits(file, path, algorithm, &lease, errors);
     }
     let on_over_limit = on_over_limit(file, path, raw, algorithm, lease, errors);
-    (errors.len() == before).then_some(Limit {
+    let mut limit = Limit {
         requests_per_unit,
         unit,
         algorithm,
@@ -539,7 +571,238 @@ fn limit(
         on_over_limit,
         max_hold: 0,
         max_delay,
-    })
+        scope: Scope::Regional,
+    };
+    scope(file, path, raw, regions, &mut limit, errors);
+    (errors.len() == before).then_some(limit)
+}
+
+/// `scope`, `sharing` and `weights`: how `limit` is shared between the regions of
+/// `regions` (none: one region, the whole world). A `split` limit's numbers become this
+/// region's share.
+fn scope(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    regions: Option<&RegionPlan>,
+    limit: &mut Limit,
+    errors: &mut Vec<ConfigError>,
+) {
+    let sharing_path = format!("{path}.sharing");
+    match raw.scope.as_deref().unwrap_or_default() {
+        "" | "regional" => {
+            for (given, field) in [
+                (raw.sharing.is_some(), "sharing"),
+                (raw.weights.is_some(), "weights"),
+            ] {
+                if given {
+                    errors.push(ConfigError::sluice(
+                        file,
+                        &format!("{path}.{field}"),
+                        format!(
+                            "{field} needs scope: global (a regional limit is enforced whole \
+                             in each region)"
+                        ),
+                    ));
+                }
+            }
+            return;
+        }
+        "global" => {}
+        other => {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.scope"),
+                format!("unknown scope '{other}' (expected regional or global)"),
+            ));
+            return;
+        }
+    }
+    let aggregate = match raw.sharing.as_deref() {
+        Some("split") => false,
+        Some("aggregate") => true,
+        None => {
+            errors.push(ConfigError::sluice(
+                file,
+                &sharing_path,
+                "scope: global needs sharing: split (each region enforces a static share of \
+                 the limit) or aggregate (each region counts the other regions' usage too)",
+            ));
+            return;
+        }
+        Some(other) => {
+            errors.push(ConfigError::sluice(
+                file,
+                &sharing_path,
+                format!("unknown sharing '{other}' (expected split or aggregate)"),
+            ));
+            return;
+        }
+    };
+    let Some(weights) = weights(file, path, raw, regions, errors) else {
+        return;
+    };
+    if aggregate {
+        aggregate_fits(file, &sharing_path, limit, errors);
+        limit.scope = Scope::Aggregate { weights };
+    } else {
+        split(file, path, regions, weights, limit, errors);
+    }
+}
+
+/// A global limit's `weights` by region index (1 each when none are given); without a
+/// plan, one region (index 0) of weight 1. `None` when they are invalid.
+fn weights(
+    file: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    regions: Option<&RegionPlan>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<RegionWeights> {
+    let before = errors.len();
+    let path = format!("{path}.weights");
+    let mut refuse = |why: String| errors.push(ConfigError::sluice(file, &path, why));
+    let given = raw.weights.as_ref();
+    if given.is_some_and(|given| given.len() > MAX_REGIONS) {
+        refuse(RegionError::TooMany.to_string());
+    }
+    for (name, &weight) in given.into_iter().flatten() {
+        if let Err(err) = RegionPlan::new(name, []) {
+            refuse(err.to_string());
+        } else if let Some(plan) = regions.filter(|plan| plan.index_of(name).is_none()) {
+            refuse(format!(
+                "region {name:?} is not one of the regions ({})",
+                plan.names().join(", ")
+            ));
+        }
+        if !(WEIGHT_RANGE.0..=WEIGHT_RANGE.1).contains(&weight) {
+            refuse(format!(
+                "the weight of region {name:?} must be from {} to {}, got {weight}",
+                WEIGHT_RANGE.0, WEIGHT_RANGE.1
+            ));
+        }
+    }
+    let mut weights = RegionWeights::default();
+    let Some(plan) = regions else {
+        weights.0[0] = 1;
+        return (errors.len() == before).then_some(weights);
+    };
+    let mut missing = Vec::new();
+    for (index, name) in plan.names().iter().enumerate() {
+        weights.0[index] = match given.map(|given| given.get(&**name)) {
+            None => 1,
+            Some(Some(&weight)) => u16::try_from(weight).unwrap_or(0),
+            Some(None) => {
+                missing.push(format!("{name:?}"));
+                0
+            }
+        };
+    }
+    if !missing.is_empty() {
+        refuse(format!(
+            "weights leave out region {}: every region needs a weight",
+            missing.join(", ")
+        ));
+    }
+    (errors.len() == before).then_some(weights)
+}
+
+/// `sharing: split`: with a plan, the limit's numbers (`requests_per_unit` or
+/// `max_in_flight`, and `burst`) become this region's share of them by `weights`, and
+/// every region's share must be at least 1; without one, the limit is whole.
+fn split(
+    file: &str,
+    path: &str,
+    regions: Option<&RegionPlan>,
+    weights: RegionWeights,
+    limit: &mut Limit,
+    errors: &mut Vec<ConfigError>,
+) {
+    limit.scope = Scope::Split {
+        global_limit: limit.requests_per_unit,
+        global_burst: limit.burst,
+        weights,
+    };
+    let Some(plan) = regions else {
+        return;
+    };
+    let field = if limit.algorithm == AlgorithmKind::Concurrency {
+        "max_in_flight"
+    } else {
+        "requests_per_unit"
+    };
+    let share = |field: &str, total: u32, errors: &mut Vec<ConfigError>| {
+        let weights: Vec<u64> = weights.0[..plan.names().len()]
+            .iter()
+            .map(|&weight| u64::from(weight))
+            .collect();
+        let shares = crate::regions::split(u64::from(total), &weights);
+        if let Some(empty) = shares.iter().position(|&share| share == 0) {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.{field}"),
+                format!(
+                    "{field} {total} split by weights leaves region {:?} a share of 0",
+                    plan.names()[empty]
+                ),
+            ));
+        }
+        u32::try_from(shares[plan.local()]).unwrap_or(total)
+    };
+    limit.requests_per_unit = share(field, limit.requests_per_unit, errors);
+    limit.burst = limit.burst.map(|burst| share("burst", burst, errors));
+    let capacity = limit.burst.unwrap_or(limit.requests_per_unit);
+    if let LeaseMode::Units(units) = limit.lease.mode {
+        if units > capacity {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.lease"),
+                format!(
+                    "a lease of {units} units can never be granted by this region's share \
+                     of {capacity}"
+                ),
+            ));
+        }
+    }
+}
+
+/// `sharing: aggregate` adds the other regions' usage to this region's: only counts per
+/// aligned window can be added, and only when every unit is counted by the store as it
+/// is used.
+fn aggregate_fits(file: &str, path: &str, limit: &Limit, errors: &mut Vec<ConfigError>) {
+    let mut refuse = |why: String| errors.push(ConfigError::sluice(file, path, why));
+    if !matches!(
+        limit.algorithm,
+        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
+    ) {
+        refuse(format!(
+            "sharing: aggregate needs fixed_window or sliding_window: their usage is a count \
+             per aligned window that another region's can be added to; use sharing: split \
+             for {}",
+            limit.algorithm.as_str()
+        ));
+    }
+    if limit.lease.mode != LeaseMode::Off {
+        refuse(
+            "sharing: aggregate cannot be combined with lease: a lease is taken from this \
+             region's count alone"
+                .into(),
+        );
+    }
+    if limit.on_over_limit == OnOverLimit::Charge {
+        refuse(
+            "sharing: aggregate cannot be combined with on_over_limit: charge: a debt is \
+             kept in this region's count alone"
+                .into(),
+        );
+    }
+    if limit.max_delay > 0 {
+        refuse(
+            "sharing: aggregate cannot be combined with max_delay: a delay is reserved in \
+             this region's store alone"
+                .into(),
+        );
+    }
 }
 
 /// `ledger: true` records units per window: only a `fixed_window` limit has windows

@@ -57,6 +57,8 @@ pub struct Rules {
     domains: HashMap<Arc<str>, Level>,
     /// Every rule, domains in load order, each tree in config (pre-)order.
     rules: Vec<Arc<Rule>>,
+    /// The regions the rules were compiled for (names the weights of global limits).
+    regions: Option<Arc<crate::regions::RegionPlan>>,
 }
 
 // === impl Rules ===
@@ -66,6 +68,7 @@ impl Rules {
     /// order); the first one is the error the reference would have reported.
     pub fn compile(files: &[ConfigFile], options: &LoadOptions) -> Result<Rules, Vec<ConfigError>> {
         let mut builder = Builder::default();
+        builder.regions = options.regions.clone();
         for file in files {
             match schema::parse_file(&file.name, &file.text) {
                 Ok(root) => builder.add_file(&file.name, root, options.merge_domains),
@@ -82,6 +85,7 @@ impl Rules {
                 .map(|(name, level)| (name, level.freeze()))
                 .collect(),
             rules: builder.rules,
+            regions: builder.regions,
         })
     }
 
@@ -125,15 +129,59 @@ impl Rules {
         self.rules.iter().map(|rule| &**rule)
     }
 
+    /// The regions the rules were compiled for (none: one region, the whole world).
+    pub(crate) fn regions(&self) -> Option<&crate::regions::RegionPlan> {
+        self.regions.as_deref()
+    }
+
     /// One line per rule, in the reference's `/rlconfig` format
     /// (`foo.k1_v1: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false`).
     /// Rules using Sluice's extensions get a `, limits: [...]` suffix listing all limits.
     pub fn dump_lines(&self) -> Vec<String> {
-        self.rules.iter().map(|rule| dump_line(rule)).collect()
+        self.rules
+            .iter()
+            .map(|rule| dump_line(rule, self.regions()))
+            .collect()
     }
 }
 
-fn dump_line(rule: &Rule) -> String {
+/// A global limit's weights by region name (`ap=1,eu=1,us=1`); `None` without a plan.
+pub(crate) fn named_weights(
+    weights: &crate::regions::RegionWeights,
+    regions: Option<&crate::regions::RegionPlan>,
+) -> Option<Vec<(Arc<str>, u16)>> {
+    regions.map(|plan| plan.names().iter().cloned().zip(weights.0).collect())
+}
+
+/// How a global limit is shared, for `/rlconfig` (` global split of 100 (weights
+/// ap=1,eu=1,us=1)`); empty for a regional limit.
+fn dump_scope(scope: &Scope, regions: Option<&crate::regions::RegionPlan>) -> String {
+    let (mut text, weights) = match scope {
+        Scope::Regional => return String::new(),
+        Scope::Split {
+            global_limit,
+            global_burst,
+            weights,
+        } => {
+            let mut text = format!(" global split of {global_limit}");
+            if let Some(burst) = global_burst {
+                text.push_str(&format!(" burst={burst}"));
+            }
+            (text, weights)
+        }
+        Scope::Aggregate { weights } => (" global aggregate".to_owned(), weights),
+    };
+    if let Some(named) = named_weights(weights, regions) {
+        let named: Vec<String> = named
+            .iter()
+            .map(|(name, weight)| format!("{name}={weight}"))
+            .collect();
+        text.push_str(&format!(" (weights {})", named.join(",")));
+    }
+    text
+}
+
+fn dump_line(rule: &Rule, regions: Option<&crate::regions::RegionPlan>) -> String {
     let (unit, requests) = match rule.limits.first() {
         Some(limit) if limit.algorithm == AlgorithmKind::Concurrency => {
             ("IN_FLIGHT", limit.requests_per_unit)
@@ -153,6 +201,7 @@ fn dump_line(rule: &Rule) -> String {
                 || limit.lease.mode != LeaseMode::Off
                 || limit.ledger
                 || limit.on_over_limit != OnOverLimit::Refuse
+                || limit.scope != Scope::Regional
         });
     if extended {
         let limits: Vec<String> = rule
@@ -196,6 +245,7 @@ fn dump_line(rule: &Rule) -> String {
                 if limit.max_delay > 0 {
                     text.push_str(&format!(" max_delay={}ms", limit.max_delay / 1_000));
                 }
+                text.push_str(&dump_scope(&limit.scope, regions));
                 text
             })
             .collect();
@@ -243,6 +293,7 @@ fn override_match<'r>(
             on_over_limit: OnOverLimit::Refuse,
             max_hold: 0,
             max_delay: 0,
+            scope: Scope::Regional,
         }],
         unlimited: false,
         shadow_mode: false,
@@ -262,3 +313,5 @@ fn override_match<'r>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_regions;

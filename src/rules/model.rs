@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::algorithm::{AlgorithmKind, Micros, OnOverLimit, Quota, MICROS_PER_SECOND};
+use crate::regions::RegionWeights;
 
 /// Time unit of a limit. Month is 30 days and year 365 days, as in the reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,6 +121,30 @@ impl Default for Lease {
     }
 }
 
+/// How a limit is shared between regions (`scope`, `sharing`, `weights`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) enum Scope {
+    /// Each region enforces the whole limit on its own (`scope: regional`, the default).
+    #[default]
+    Regional,
+    /// `scope: global`, `sharing: split`: each region enforces a static share of the
+    /// limit; the limit's `requests_per_unit` and `burst` are this region's share.
+    Split {
+        /// The configured `requests_per_unit` (or `max_in_flight`) of all regions.
+        global_limit: u32,
+        /// The configured `burst` of all regions, if any.
+        global_burst: Option<u32>,
+        /// Each region's weight, by region index.
+        weights: RegionWeights,
+    },
+    /// `scope: global`, `sharing: aggregate`: each region counts the others' last known
+    /// usage too; the limit's numbers are whole.
+    Aggregate {
+        /// Each region's weight (its share while its usage is not known), by region index.
+        weights: RegionWeights,
+    },
+}
+
 /// One limit of a rule: `requests_per_unit` per `unit` under an algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
@@ -146,6 +171,8 @@ pub struct Limit {
     /// The longest wait a refused request may be delayed by instead (`max_delay`, µs;
     /// 0: never delayed).
     pub(crate) max_delay: Micros,
+    /// How the limit is shared between regions.
+    pub(crate) scope: Scope,
 }
 
 impl Limit {

@@ -14,6 +14,7 @@
 //! 1 000 anchors, 1 000 aliases replaying at most 100 000 events in total (no YAML
 //! bomb), and one document.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -55,6 +56,9 @@ const VALID_KEYS: &[&str] = &[
     "max_in_flight",
     "max_hold",
     "max_delay",
+    "scope",
+    "sharing",
+    "weights",
 ];
 
 /// The root of a file.
@@ -116,6 +120,13 @@ pub(crate) struct RawRateLimit {
     pub(crate) max_hold: Option<String>,
     /// Sluice: longest wait a request may be delayed by instead of refused (`2s`).
     pub(crate) max_delay: Option<String>,
+    /// Sluice: `regional` (default) or `global`: whether the limit is shared between
+    /// regions.
+    pub(crate) scope: Option<String>,
+    /// Sluice: how a global limit is shared, `split` or `aggregate`.
+    pub(crate) sharing: Option<String>,
+    /// Sluice: a global limit's weight per region name (1 each when none are given).
+    pub(crate) weights: Option<BTreeMap<String, i64>>,
 }
 
 /// One item of `replaces`.
@@ -184,7 +195,8 @@ fn yaml_error(name: &str, err: &serde_saphyr::Error) -> ConfigError {
 }
 
 /// The reference's `validateYamlKeys`: every key a string from the whitelist, every list
-/// a list of maps, leaves strings, integers, booleans or null. `metadata` is free-form.
+/// a list of maps, leaves strings, integers, booleans or null. `metadata` is free-form,
+/// and the keys of `weights` are region names.
 fn validate_keys(name: &str, entries: &[(Yaml, Yaml)]) -> Result<(), ConfigError> {
     for (key, value) in entries {
         let Yaml::Str(key) = key else {
@@ -199,7 +211,7 @@ fn validate_keys(name: &str, entries: &[(Yaml, Yaml)]) -> Result<(), ConfigError
                 format!("config error, unknown key '{key}'"),
             ));
         }
-        if key == "metadata" {
+        if key == "metadata" || key == "weights" {
             continue;
         }
         match value {

@@ -422,3 +422,48 @@ fn aggregate_needs_a_window_count_the_store_keeps() {
         "{found}"
     );
 }
+
+#[test]
+fn explain_shows_how_a_global_limit_is_shared_and_nothing_more_for_a_regional_one() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, \
+                requests_per_unit: 100, scope: global, sharing: split}\n  - key: b\n    \
+                rate_limit: {unit: second, requests_per_unit: 100}\n";
+    let rules = compile_in(text, Some("eu")).unwrap();
+    let limit_json = |key: &str| {
+        let request = crate::limiter::CheckRequest {
+            domain: "d",
+            descriptors: vec![crate::limiter::Descriptor {
+                entries: vec![Entry { key, value: "x" }],
+                limit_override: None,
+                hits_addend: None,
+                refund: false,
+            }],
+            hits_addend: 0,
+        };
+        let explained = futures::executor::block_on(crate::limiter::explain::explain::<
+            crate::store::memory::MemoryStore,
+        >(&rules, &request, None))
+        .unwrap();
+        serde_json::to_string(&explained[0].rule.as_ref().unwrap().limits[0]).unwrap()
+    };
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&limit_json("a")).unwrap(),
+        serde_json::json!({
+            "requests_per_unit": 33,
+            "unit": "second",
+            "algorithm": "fixed_window",
+            "burst": null,
+            "failure_mode": "open",
+            "on_over_limit": "refuse",
+            "scope": "global",
+            "sharing": "split",
+            "global_limit": 100,
+            "weights": {"ap": 1, "eu": 1, "us": 1},
+        })
+    );
+    assert_eq!(
+        limit_json("b"),
+        "{\"requests_per_unit\":100,\"unit\":\"second\",\"algorithm\":\"fixed_window\",\
+         \"burst\":null,\"failure_mode\":\"open\",\"on_over_limit\":\"refuse\"}"
+    );
+}

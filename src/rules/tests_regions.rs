@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::regions::{RegionPlan, RegionWeights, Sharing};
+use crate::regions::{RegionPlan, RegionWeights};
 
 /// The regions of every test with a plan: `ap`, `eu` and `us` (indexes 0, 1, 2).
 const PEERS: [&str; 3] = ["ap", "eu", "us"];
@@ -132,84 +132,6 @@ fn without_a_plan_a_global_limit_is_whole() {
         Scope::Aggregate {
             weights: RegionWeights([1, 0, 0, 0, 0, 0, 0, 0]),
         }
-    );
-}
-
-#[test]
-fn an_aggregate_limit_stays_whole_and_is_counted_across_regions() {
-    let text = file_with(
-        "{unit: minute, requests_per_unit: 100, algorithm: sliding_window, scope: global, \
-         sharing: aggregate, weights: {ap: 1, eu: 3, us: 1}}",
-    );
-    let rules = compile_in(&text, Some("eu")).unwrap();
-    let Lookup::Matched(matched) = rules.lookup(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        None,
-    ) else {
-        panic!("no match");
-    };
-    assert_eq!(matched.rule.limits[0].requests_per_unit, 100);
-    let check = crate::limiter::store_check(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        &matched,
-        1,
-    );
-    assert_eq!(
-        check.limits[0].sharing,
-        Sharing::Aggregate(weights(1, 3, 1))
-    );
-    assert_eq!(
-        rules.dump_lines(),
-        [
-            "d.a: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, \
-          limits: [100/MINUTE sliding_window failure_mode=open global aggregate \
-          (weights ap=1,eu=3,us=1)]"
-        ]
-    );
-}
-
-#[test]
-fn split_and_regional_limits_are_checked_regionally() {
-    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, \
-                requests_per_unit: 100, scope: global, sharing: split}\n      - {unit: day, \
-                requests_per_unit: 5000, scope: regional}\n";
-    let rules = compile_in(text, Some("ap")).unwrap();
-    let Lookup::Matched(matched) = rules.lookup(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        None,
-    ) else {
-        panic!("no match");
-    };
-    let check = crate::limiter::store_check(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        &matched,
-        1,
-    );
-    let sharing: Vec<Sharing> = check.limits.iter().map(|limit| limit.sharing).collect();
-    assert_eq!(sharing, [Sharing::Regional, Sharing::Regional]);
-    assert_eq!(
-        rules.dump_lines(),
-        [
-            "d.a: unit=SECOND requests_per_unit=34, shadow_mode: false, quota_mode: false, \
-          limits: [34/SECOND fixed_window failure_mode=open global split of 100 \
-          (weights ap=1,eu=1,us=1), 5000/DAY fixed_window failure_mode=open]"
-        ]
     );
 }
 
@@ -424,46 +346,47 @@ fn aggregate_needs_a_window_count_the_store_keeps() {
 }
 
 #[test]
-fn explain_shows_how_a_global_limit_is_shared_and_nothing_more_for_a_regional_one() {
-    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, \
-                requests_per_unit: 100, scope: global, sharing: split}\n  - key: b\n    \
-                rate_limit: {unit: second, requests_per_unit: 100}\n";
-    let rules = compile_in(text, Some("eu")).unwrap();
-    let limit_json = |key: &str| {
-        let request = crate::limiter::CheckRequest {
-            domain: "d",
-            descriptors: vec![crate::limiter::Descriptor {
-                entries: vec![Entry { key, value: "x" }],
-                limit_override: None,
-                hits_addend: None,
-                refund: false,
-            }],
-            hits_addend: 0,
-        };
-        let explained = futures::executor::block_on(crate::limiter::explain::explain::<
-            crate::store::memory::MemoryStore,
-        >(&rules, &request, None))
-        .unwrap();
-        serde_json::to_string(&explained[0].rule.as_ref().unwrap().limits[0]).unwrap()
-    };
+fn an_aggregate_limit_stays_whole_and_shows_its_weights() {
+    let rate_limit = "{unit: minute, requests_per_unit: 100, algorithm: sliding_window, \
+                      scope: global, sharing: aggregate, weights: {ap: 1, eu: 3, us: 1}}";
+    let limit = limit_in(rate_limit, Some("eu"));
+    assert_eq!(limit.requests_per_unit, 100);
     assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&limit_json("a")).unwrap(),
-        serde_json::json!({
-            "requests_per_unit": 33,
-            "unit": "second",
-            "algorithm": "fixed_window",
-            "burst": null,
-            "failure_mode": "open",
-            "on_over_limit": "refuse",
-            "scope": "global",
-            "sharing": "split",
-            "global_limit": 100,
-            "weights": {"ap": 1, "eu": 1, "us": 1},
-        })
+        limit.scope,
+        Scope::Aggregate {
+            weights: weights(1, 3, 1)
+        }
+    );
+    let rules = compile_in(&file_with(rate_limit), Some("eu")).unwrap();
+    assert_eq!(
+        rules.dump_lines(),
+        [
+            "d.a: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, \
+          limits: [100/MINUTE sliding_window failure_mode=open global aggregate \
+          (weights ap=1,eu=3,us=1)]"
+        ]
+    );
+}
+
+#[test]
+fn rlconfig_shows_a_split_limits_share_and_global_numbers() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, \
+                requests_per_unit: 100, scope: global, sharing: split}\n      - {unit: day, \
+                requests_per_unit: 5000, scope: regional}\n";
+    assert_eq!(
+        compile_in(text, Some("ap")).unwrap().dump_lines(),
+        [
+            "d.a: unit=SECOND requests_per_unit=34, shadow_mode: false, quota_mode: false, \
+          limits: [34/SECOND fixed_window failure_mode=open global split of 100 \
+          (weights ap=1,eu=1,us=1), 5000/DAY fixed_window failure_mode=open]"
+        ]
     );
     assert_eq!(
-        limit_json("b"),
-        "{\"requests_per_unit\":100,\"unit\":\"second\",\"algorithm\":\"fixed_window\",\
-         \"burst\":null,\"failure_mode\":\"open\",\"on_over_limit\":\"refuse\"}"
+        compile_in(text, None).unwrap().dump_lines(),
+        [
+            "d.a: unit=SECOND requests_per_unit=100, shadow_mode: false, quota_mode: false, \
+          limits: [100/SECOND fixed_window failure_mode=open global split of 100, \
+          5000/DAY fixed_window failure_mode=open]"
+        ]
     );
 }

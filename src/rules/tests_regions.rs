@@ -5,7 +5,7 @@ use super::*;
 use crate::regions::{RegionPlan, RegionWeights};
 
 /// The regions of every test with a plan: `ap`, `eu` and `us` (indexes 0, 1, 2).
-const PEERS: [&str; 3] = ["ap", "eu", "us"];
+const REGIONS: [&str; 3] = ["ap", "eu", "us"];
 
 /// Compiles one file for an instance of region `local` (none: no plan).
 fn compile_in(text: &str, local: Option<&str>) -> Result<Rules, Vec<ConfigError>> {
@@ -14,7 +14,7 @@ fn compile_in(text: &str, local: Option<&str>) -> Result<Rules, Vec<ConfigError>
         text: text.into(),
     }];
     let regions = local.map(|local| {
-        let peers = PEERS.iter().copied().filter(|peer| *peer != local);
+        let peers = REGIONS.iter().copied().filter(|peer| *peer != local);
         Arc::new(RegionPlan::new(local, peers).unwrap())
     });
     let options = LoadOptions {
@@ -36,7 +36,7 @@ fn limit_in(rate_limit: &str, local: Option<&str>) -> Limit {
     rule.limits[0].clone()
 }
 
-/// The errors of loading `rate_limit` in region `eu`, one string.
+/// The errors of loading `rate_limit` in region `local` (none: no plan), one string.
 fn errors_in(rate_limit: &str, local: Option<&str>) -> String {
     match compile_in(&file_with(rate_limit), local) {
         Ok(_) => String::new(),
@@ -58,7 +58,7 @@ fn weights(ap: u16, eu: u16, us: u16) -> RegionWeights {
 #[test]
 fn a_split_limit_is_this_regions_share_by_sorted_name() {
     let rate_limit = "{unit: second, requests_per_unit: 100, scope: global, sharing: split}";
-    let shares: Vec<u32> = PEERS
+    let shares: Vec<u32> = REGIONS
         .iter()
         .map(|local| limit_in(rate_limit, Some(local)).requests_per_unit)
         .collect();
@@ -77,7 +77,7 @@ fn a_split_limit_is_this_regions_share_by_sorted_name() {
 fn weights_set_the_shares() {
     let rate_limit = "{unit: second, requests_per_unit: 100, scope: global, sharing: split, \
                       weights: {us: 2, eu: 1, ap: 1}}";
-    let shares: Vec<u32> = PEERS
+    let shares: Vec<u32> = REGIONS
         .iter()
         .map(|local| limit_in(rate_limit, Some(local)).requests_per_unit)
         .collect();

@@ -1049,6 +1049,8 @@ pub(crate) fn ceil_seconds(micros: u64) -> u64 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_regions;
 
 /// Says once per process that `ledger: true` limits are served without a ledger
 /// (`serve` without `--ledger-url`): their usage is enforced but not recorded.

@@ -2,10 +2,10 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::regions::{RegionPlan, RegionWeights, Sharing};
+use crate::regions::{RegionPlan, RegionWeights};
 
 /// The regions of every test with a plan: `ap`, `eu` and `us` (indexes 0, 1, 2).
-const PEERS: [&str; 3] = ["ap", "eu", "us"];
+const REGIONS: [&str; 3] = ["ap", "eu", "us"];
 
 /// Compiles one file for an instance of region `local` (none: no plan).
 fn compile_in(text: &str, local: Option<&str>) -> Result<Rules, Vec<ConfigError>> {
@@ -14,7 +14,7 @@ fn compile_in(text: &str, local: Option<&str>) -> Result<Rules, Vec<ConfigError>
         text: text.into(),
     }];
     let regions = local.map(|local| {
-        let peers = PEERS.iter().copied().filter(|peer| *peer != local);
+        let peers = REGIONS.iter().copied().filter(|peer| *peer != local);
         Arc::new(RegionPlan::new(local, peers).unwrap())
     });
     let options = LoadOptions {
@@ -36,7 +36,7 @@ fn limit_in(rate_limit: &str, local: Option<&str>) -> Limit {
     rule.limits[0].clone()
 }
 
-/// The errors of loading `rate_limit` in region `eu`, one string.
+/// The errors of loading `rate_limit` in region `local` (none: no plan), one string.
 fn errors_in(rate_limit: &str, local: Option<&str>) -> String {
     match compile_in(&file_with(rate_limit), local) {
         Ok(_) => String::new(),
@@ -58,7 +58,7 @@ fn weights(ap: u16, eu: u16, us: u16) -> RegionWeights {
 #[test]
 fn a_split_limit_is_this_regions_share_by_sorted_name() {
     let rate_limit = "{unit: second, requests_per_unit: 100, scope: global, sharing: split}";
-    let shares: Vec<u32> = PEERS
+    let shares: Vec<u32> = REGIONS
         .iter()
         .map(|local| limit_in(rate_limit, Some(local)).requests_per_unit)
         .collect();
@@ -77,7 +77,7 @@ fn a_split_limit_is_this_regions_share_by_sorted_name() {
 fn weights_set_the_shares() {
     let rate_limit = "{unit: second, requests_per_unit: 100, scope: global, sharing: split, \
                       weights: {us: 2, eu: 1, ap: 1}}";
-    let shares: Vec<u32> = PEERS
+    let shares: Vec<u32> = REGIONS
         .iter()
         .map(|local| limit_in(rate_limit, Some(local)).requests_per_unit)
         .collect();
@@ -132,84 +132,6 @@ fn without_a_plan_a_global_limit_is_whole() {
         Scope::Aggregate {
             weights: RegionWeights([1, 0, 0, 0, 0, 0, 0, 0]),
         }
-    );
-}
-
-#[test]
-fn an_aggregate_limit_stays_whole_and_is_counted_across_regions() {
-    let text = file_with(
-        "{unit: minute, requests_per_unit: 100, algorithm: sliding_window, scope: global, \
-         sharing: aggregate, weights: {ap: 1, eu: 3, us: 1}}",
-    );
-    let rules = compile_in(&text, Some("eu")).unwrap();
-    let Lookup::Matched(matched) = rules.lookup(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        None,
-    ) else {
-        panic!("no match");
-    };
-    assert_eq!(matched.rule.limits[0].requests_per_unit, 100);
-    let check = crate::limiter::store_check(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        &matched,
-        1,
-    );
-    assert_eq!(
-        check.limits[0].sharing,
-        Sharing::Aggregate(weights(1, 3, 1))
-    );
-    assert_eq!(
-        rules.dump_lines(),
-        [
-            "d.a: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, \
-          limits: [100/MINUTE sliding_window failure_mode=open global aggregate \
-          (weights ap=1,eu=3,us=1)]"
-        ]
-    );
-}
-
-#[test]
-fn split_and_regional_limits_are_checked_regionally() {
-    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, \
-                requests_per_unit: 100, scope: global, sharing: split}\n      - {unit: day, \
-                requests_per_unit: 5000, scope: regional}\n";
-    let rules = compile_in(text, Some("ap")).unwrap();
-    let Lookup::Matched(matched) = rules.lookup(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        None,
-    ) else {
-        panic!("no match");
-    };
-    let check = crate::limiter::store_check(
-        "d",
-        &[Entry {
-            key: "a",
-            value: "x",
-        }],
-        &matched,
-        1,
-    );
-    let sharing: Vec<Sharing> = check.limits.iter().map(|limit| limit.sharing).collect();
-    assert_eq!(sharing, [Sharing::Regional, Sharing::Regional]);
-    assert_eq!(
-        rules.dump_lines(),
-        [
-            "d.a: unit=SECOND requests_per_unit=34, shadow_mode: false, quota_mode: false, \
-          limits: [34/SECOND fixed_window failure_mode=open global split of 100 \
-          (weights ap=1,eu=1,us=1), 5000/DAY fixed_window failure_mode=open]"
-        ]
     );
 }
 
@@ -420,5 +342,51 @@ fn aggregate_needs_a_window_count_the_store_keeps() {
     assert!(
         found.contains("use sharing: split for concurrency"),
         "{found}"
+    );
+}
+
+#[test]
+fn an_aggregate_limit_stays_whole_and_shows_its_weights() {
+    let rate_limit = "{unit: minute, requests_per_unit: 100, algorithm: sliding_window, \
+                      scope: global, sharing: aggregate, weights: {ap: 1, eu: 3, us: 1}}";
+    let limit = limit_in(rate_limit, Some("eu"));
+    assert_eq!(limit.requests_per_unit, 100);
+    assert_eq!(
+        limit.scope,
+        Scope::Aggregate {
+            weights: weights(1, 3, 1)
+        }
+    );
+    let rules = compile_in(&file_with(rate_limit), Some("eu")).unwrap();
+    assert_eq!(
+        rules.dump_lines(),
+        [
+            "d.a: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, \
+          limits: [100/MINUTE sliding_window failure_mode=open global aggregate \
+          (weights ap=1,eu=3,us=1)]"
+        ]
+    );
+}
+
+#[test]
+fn rlconfig_shows_a_split_limits_share_and_global_numbers() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, \
+                requests_per_unit: 100, scope: global, sharing: split}\n      - {unit: day, \
+                requests_per_unit: 5000, scope: regional}\n";
+    assert_eq!(
+        compile_in(text, Some("ap")).unwrap().dump_lines(),
+        [
+            "d.a: unit=SECOND requests_per_unit=34, shadow_mode: false, quota_mode: false, \
+          limits: [34/SECOND fixed_window failure_mode=open global split of 100 \
+          (weights ap=1,eu=1,us=1), 5000/DAY fixed_window failure_mode=open]"
+        ]
+    );
+    assert_eq!(
+        compile_in(text, None).unwrap().dump_lines(),
+        [
+            "d.a: unit=SECOND requests_per_unit=100, shadow_mode: false, quota_mode: false, \
+          limits: [100/SECOND fixed_window failure_mode=open global split of 100, \
+          5000/DAY fixed_window failure_mode=open]"
+        ]
     );
 }

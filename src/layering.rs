@@ -17,22 +17,23 @@ const TOP_LEVEL: &[&[&str]] = &[
     &["bench"],
     &["admin", "listener"],
     &["lifecycle", "service", "xds"],
-    &["limiter"],
+    &["limiter", "exchange"],
     &["store", "ledger"],
     &["lanes", "rules", "telemetry", "clock"],
-    &["algorithm", "codec"],
+    &["algorithm", "codec", "regions"],
     &["proto", "pem", "reloading", "jitter"],
 ];
 
 /// `store/redis/`'s modules from the top down (its `mod.rs`, the store, is above all).
 const STORE_REDIS: &[&[&str]] = &[
-    &["lease", "hold", "batcher"],
+    &["lease", "hold", "batcher", "exchange"],
     &["call"],
     &["health"],
     &["nodes"],
     &["clients", "sentinel"],
     &["functions", "client"],
     &["script", "tls"],
+    &["links"],
 ];
 
 /// The source with comments, string and char literals blanked out, so that a path in

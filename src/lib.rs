@@ -12,6 +12,7 @@ pub mod bench;
 pub mod clock;
 pub(crate) mod codec;
 pub mod commands;
+pub mod exchange;
 #[cfg(feature = "test-hooks")]
 pub mod fuzzing;
 pub(crate) mod jitter;

@@ -12,20 +12,20 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
+use crate::exchange::{self, Exchange, Timing};
 use crate::lanes::{self, Lanes};
 use crate::ledger::Ledger;
 use crate::lifecycle::Lifecycle;
 use crate::listener::lanes::MakeRouter;
 use crate::listener::{self, tls::ReloadingTls, ConnectionAge};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
-use crate::regions::links::RegionLinks;
-use crate::regions::publish::{self, Exchange, Timing};
 use crate::rules::live::{LiveRules, ReloadOutcome};
 use crate::rules::watch::{ReloadObserver, Reloader, WatchOptions};
 use crate::service::debug::DebugReports;
 use crate::service::{GrpcService, Service};
 use crate::settings::{ConfigSource, RegionSettings, Settings, StoreKind};
 use crate::store::memory::MemoryStore;
+use crate::store::redis::links::RegionLinks;
 use crate::store::redis::{mask_url, RedisStore};
 use crate::store::Store;
 use crate::telemetry::{Metrics, ResultLabel};
@@ -168,7 +168,7 @@ fn start_exchange(
         sync_interval: regions.sync_interval,
         stale_after: regions.stale_after,
     };
-    publish::start(
+    exchange::start(
         links,
         &settings.redis,
         &regions.peers,

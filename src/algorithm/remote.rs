@@ -1,6 +1,6 @@
 //! A limit shared between regions by aggregation (`scope: global`, `sharing:
 //! aggregate`): each region keeps its own count in its own store, publishes it to the
-//! others (`crate::regions::publish`), and decides a charge against what is left of the
+//! others (`crate::exchange`), and decides a charge against what is left of the
 //! limit once the other regions' last known usage is taken out. `scripts/main.lua`
 //! mirrors [`decide_shared`]; a test runs the same sequences through both.
 //!

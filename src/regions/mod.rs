@@ -1,11 +1,9 @@
 //! Several regions (`--region`, `--peer-region`): each region checks its own Redis, and
 //! a limit with `scope: global` is shared between regions, by static shares
-//! ([`split`]) or by publishing usage to the other regions ([`publish`]), whose last
-//! known usage every check counts (`scripts/main.lua`, mirror of
-//! [`crate::algorithm::remote`]).
-
-pub mod links;
-pub mod publish;
+//! ([`split`]) or by publishing usage to the other regions ([`crate::exchange`]), whose
+//! last known usage every check counts (`scripts/main.lua`, mirror of
+//! [`crate::algorithm::remote`]). This module is the vocabulary: the regions, their
+//! shares, and how a limit is shared.
 
 use std::sync::Arc;
 

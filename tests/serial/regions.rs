@@ -52,14 +52,20 @@ struct Region {
 }
 
 /// One answered call: when it was sent and answered (µs since the epoch), allowed or
-/// not, and (fixed window) the second its window ends at, from `duration_until_reset`.
+/// not.
 #[derive(Clone, Copy, Debug)]
 struct Answered {
     sent: u64,
     answered: u64,
     allowed: bool,
-    window_end: Option<u64>,
 }
+
+/// No call is sent this close to the end of a second (µs), nor [`GUARD_AFTER`] into
+/// the next: every call is then decided in the second it is sent in, the window it is
+/// counted in (windows are whole seconds on the same clock).
+const GUARD_BEFORE: u64 = 20_000;
+/// See [`GUARD_BEFORE`].
+const GUARD_AFTER: u64 = 2_000;
 
 const RULES: &str = "domain: regions
 descriptors:
@@ -93,6 +99,10 @@ async fn traffic(
     let mut calls = tokio::task::JoinSet::new();
     while started.elapsed() < length {
         tick.tick().await;
+        let into_second = now_micros() % 1_000_000;
+        if !(GUARD_AFTER..=1_000_000 - GUARD_BEFORE).contains(&into_second) {
+            continue;
+        }
         let mut client = client.clone();
         let answers = answers.clone();
         calls.spawn(async move {
@@ -112,21 +122,10 @@ async fn traffic(
                 .await
                 .expect("every call is answered");
             let answered = now_micros();
-            let response = response.into_inner();
-            // The store decided between `sent` and `answered`: its window ends that much
-            // later, a whole second; a fixed window's is unambiguous.
-            let window_end = (value == "fixed")
-                .then(|| response.statuses.first()?.duration_until_reset)
-                .flatten()
-                .map(|reset| {
-                    let reset = reset.seconds as u64 * 1_000_000 + reset.nanos as u64 / 1_000;
-                    (sent / 2 + answered / 2 + reset + 500_000) / 1_000_000
-                });
             answers.lock().expect("answers").push(Answered {
                 sent,
                 answered,
-                allowed: response.overall_code == Code::Ok as i32,
-                window_end,
+                allowed: response.into_inner().overall_code == Code::Ok as i32,
             });
         });
     }
@@ -135,10 +134,9 @@ async fn traffic(
     answers
 }
 
-/// Admitted calls per window (second), of every region's answers together: a fixed
-/// window's call in the window it names; another's in the second it was sent in and the
-/// one it was answered in, if they differ (an upper bound of each window's). The first
-/// and last seconds, partly covered, are left out.
+/// Admitted calls per window (second), of every region's answers together, each in the
+/// second it was sent and answered in (one answered past [`GUARD_BEFORE`] counts in
+/// both: an upper bound). The first and last seconds, partly covered, are left out.
 fn per_window(answers: &[Vec<Answered>]) -> BTreeMap<u64, u64> {
     let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut first, mut last) = (u64::MAX, 0);
@@ -148,11 +146,7 @@ fn per_window(answers: &[Vec<Answered>]) -> BTreeMap<u64, u64> {
         if !answer.allowed {
             continue;
         }
-        let seconds = match answer.window_end {
-            Some(end) => end - 1..=end - 1,
-            None => answer.sent / 1_000_000..=answer.answered / 1_000_000,
-        };
-        for second in seconds {
+        for second in answer.sent / 1_000_000..=answer.answered / 1_000_000 {
             *windows.entry(second).or_default() += 1;
         }
     }
@@ -322,6 +316,20 @@ async fn three_regions_share_a_global_limit_within_the_stated_bound() {
         // Every region sends 100 per second: the others' rate is 200 per second.
         let bound = 200.0 * worst;
         let windows = per_window(&answers);
+        for (region, answers) in REGIONS.iter().zip(&answers) {
+            let mut sent: Vec<u64> = answers.iter().map(|a| a.sent).collect();
+            sent.sort();
+            let burst = (0..sent.len())
+                .map(|i| {
+                    sent[i..]
+                        .iter()
+                        .take_while(|&&t| t < sent[i] + 200_000)
+                        .count()
+                })
+                .max();
+            let slow = answers.iter().map(|a| a.answered - a.sent).max();
+            eprintln!("{value}: {region} admitted {:?}; most sent in 200 ms {burst:?}; slowest {slow:?} us", per_window(std::slice::from_ref(answers)));
+        }
         eprintln!(
             "{value}: admitted per window {windows:?}; sync lag + round trip at worst {worst:.3} s; bound {bound:.1}"
         );

@@ -19,7 +19,7 @@ use super::health::Health;
 use super::nodes::Nodes;
 use super::script::{self, Call};
 use crate::algorithm::Decision;
-use crate::regions::links::RegionLinks;
+use crate::store::redis::links::RegionLinks;
 use crate::store::{KeyPrefix, StoreError};
 use crate::telemetry::Metrics;
 

@@ -2,7 +2,7 @@
 //! the states of aggregated limits to publish, keep another region's published states,
 //! and write or read each region's mark. Each runs as its own call per hash slot
 //! through [`super::call::run_call`] (a missing script or library, MOVED, breaker,
-//! deadline), off the request path: the publisher ([`crate::regions::publish`]) makes
+//! deadline), off the request path: the publisher ([`crate::exchange`]) makes
 //! them.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ use fred::types::Value;
 use super::call::{run_call, Shared};
 use super::script::{self, limit_key, number, Call, Entry};
 use crate::algorithm::Micros;
-use crate::regions::links::Published;
+use crate::store::redis::links::Published;
 use crate::store::{KeyPrefix, StoreError};
 
 /// Most keys in one exchange call: a call holds its node that long.

@@ -21,6 +21,7 @@ pub(crate) mod functions;
 pub(crate) mod health;
 pub(crate) mod hold;
 pub(crate) mod lease;
+pub mod links;
 pub(crate) mod nodes;
 pub mod script;
 pub(crate) mod sentinel;
@@ -37,8 +38,8 @@ pub(crate) use tls::RedisTls;
 
 use crate::algorithm::Decision;
 use crate::lanes;
-use crate::regions::links::{Published, RegionLinks};
 use crate::store::breaker::BreakerSettings;
+use crate::store::redis::links::{Published, RegionLinks};
 use crate::store::{
     HoldCall, LeaseGrant, LeaseRequest, Store, StoreCheck, StoreError, StoreStatus,
 };

@@ -22,8 +22,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use fred::types::Value;
 
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
-use crate::regions::links::{Published, RegionLinks};
 use crate::regions::Sharing;
+use crate::store::redis::links::{Published, RegionLinks};
 use crate::store::{CounterKey, KeyPrefix, LimitCheck, StoreCheck, StoreError};
 
 /// The shared helpers and every algorithm, which each entry point (a file under

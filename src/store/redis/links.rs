@@ -3,7 +3,7 @@
 //! share), the keys charged since the last publication, and each link's figures.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -11,8 +11,8 @@ use crate::clock::Clock;
 
 use bytes::Bytes;
 
-use super::RegionPlan;
 use crate::algorithm::{AlgorithmKind, Micros};
+use crate::regions::RegionPlan;
 use crate::store::LimitKey;
 
 /// Most keys charged since the last publication that are kept to publish; past it a key
@@ -67,6 +67,8 @@ pub struct PeerLink {
     /// Aggregated keys charged and not yet published to it (bounded by
     /// [`MAX_DIRTY_KEYS`]; kept while its link is down).
     pending: Mutex<HashMap<LimitKey, Published>>,
+    /// Keys taken for the publication under way (pending still, until it succeeds).
+    in_flight: AtomicUsize,
 }
 
 impl PeerLink {
@@ -112,15 +114,23 @@ impl PeerLink {
     /// [`RegionLinks::give_back`] if the publication fails).
     pub(crate) fn take_pending(&self) -> Vec<Published> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.drain().map(|(_, published)| published).collect()
+        let taken: Vec<Published> = pending.drain().map(|(_, published)| published).collect();
+        self.in_flight.store(taken.len(), Ordering::Relaxed);
+        taken
     }
 
-    /// Keys waiting to be published to it.
+    /// The publication under way succeeded: its keys are no longer pending.
+    pub(crate) fn published(&self) {
+        self.in_flight.store(0, Ordering::Relaxed);
+    }
+
+    /// Keys waiting to be published to it, the publication under way's included.
     pub(crate) fn pending_keys(&self) -> usize {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+            + self.in_flight.load(Ordering::Relaxed)
     }
 }
 
@@ -151,6 +161,7 @@ impl RegionLinks {
                 stale: AtomicBool::new(true),
                 figures: Mutex::new(LinkFigures::default()),
                 pending: Mutex::new(HashMap::new()),
+                in_flight: AtomicUsize::new(0),
             })
             .collect();
         Self {
@@ -184,6 +195,7 @@ impl RegionLinks {
     /// Gives `keys` back to `peer` after a publication that failed: sent again next time.
     pub(crate) fn give_back(&self, peer: &PeerLink, keys: Vec<Published>) {
         let dropped = peer.add_pending(keys);
+        peer.published();
         if dropped > 0 {
             self.dropped.fetch_add(dropped, Ordering::Relaxed);
         }

@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use super::links::{PeerLink, Published, RegionLinks};
 use crate::algorithm::MICROS_PER_SECOND;
 use crate::clock::{Clock, SystemClock};
+use crate::store::redis::links::{PeerLink, Published, RegionLinks};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::StoreError;
 use crate::telemetry::regions::{RegionLabel, RegionMetrics};
@@ -71,7 +71,12 @@ pub fn start(
     metrics: Arc<Metrics>,
 ) -> Result<Exchange, StoreError> {
     let clock: Arc<dyn Clock> = SystemClock::shared();
-    let local = Arc::new(RedisStore::new(local, metrics.clone())?);
+    // The exchange's calls end by their own deadline, which their errors name.
+    let patient = |options: &RedisOptions| RedisOptions {
+        timeout: timing.call_timeout(),
+        ..options.clone()
+    };
+    let local = Arc::new(RedisStore::new(&patient(local), metrics.clone())?);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
     for (index, peer) in links.peers().iter().enumerate() {
@@ -82,7 +87,7 @@ pub fn start(
             links: links.clone(),
             index,
             local: local.clone(),
-            remote: RedisStore::new(options, metrics.clone())?,
+            remote: RedisStore::new(&patient(options), metrics.clone())?,
             timing,
             clock: clock.clone(),
             metrics: metrics.regions.clone(),
@@ -145,6 +150,7 @@ impl Link {
         let started = Instant::now();
         match self.send(&keys).await {
             Ok(sent) => {
+                self.peer().published();
                 let round_trip = started.elapsed();
                 let now = self.clock.now();
                 self.peer().update(|figures| {

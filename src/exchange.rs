@@ -25,6 +25,9 @@ use crate::store::StoreError;
 use crate::telemetry::regions::{RegionLabel, RegionMetrics};
 use crate::telemetry::Metrics;
 
+/// Failed publications in a row between two reconnections of a link's connections.
+const RECONNECT_EVERY: u64 = 5;
+
 /// How often and how patiently usage is exchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
@@ -175,11 +178,18 @@ impl Link {
             Err(error) => {
                 self.links.give_back(self.peer(), keys);
                 self.metrics.failures.get_or_create(&self.label).inc();
-                let first = self.peer().figures().failures_in_a_row == 0;
+                let failures = self.peer().figures().failures_in_a_row + 1;
+                let first = failures == 1;
                 self.peer().update(|figures| {
-                    figures.failures_in_a_row += 1;
+                    figures.failures_in_a_row = failures;
                     figures.last_error = Some((self.clock.now(), error.to_string()));
                 });
+                // A call that timed out may be on a connection that swallows every byte:
+                // made again at the first and then every RECONNECT_EVERY-th failure.
+                if matches!(error, StoreError::Timeout(_)) && failures % RECONNECT_EVERY == 1 {
+                    self.remote.reconnect();
+                    self.local.reconnect();
+                }
                 if first {
                     tracing::warn!(region = %self.peer().name, %error, "publishing usage to region failed");
                 }

@@ -61,6 +61,8 @@ pub struct RedisStore {
     /// Every node's `FCALL` or `EVALSHA` state, which every backend's clients share
     /// (read here for `/status`).
     scripting: Arc<functions::Scripting>,
+    /// Every backend's clients, by node.
+    clients: Arc<clients::Clients>,
 }
 
 /// One runtime's batcher and clients.
@@ -112,6 +114,7 @@ impl RedisStore {
             lanes,
             mode: options.mode,
             scripting,
+            clients,
         })
     }
 
@@ -272,6 +275,15 @@ impl RedisStore {
         let shared = &self.main.shared;
         shared.nodes.wait_known(timeout).await;
         exchange::import(shared, suffix, states, now, timeout).await
+    }
+
+    /// Reconnects every node's clients: after an exchange call timed out, since a link
+    /// that swallows every byte keeps its connections open, and the exchange's few calls
+    /// a second never open a breaker (which reconnects on the request path).
+    pub(crate) fn reconnect(&self) {
+        for node in self.main.shared.nodes.topology().nodes() {
+            self.clients.reconnect(&node.name);
+        }
     }
 
     /// Leaves region `from`'s mark: `keys` published, for `ttl`.

@@ -22,8 +22,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::store::redis::links::{PeerLink, Published, RegionLinks};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::StoreError;
-use crate::telemetry::regions::{RegionLabel, RegionMetrics};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RegionLabel};
 
 /// Failed publications in a row between two reconnections of a link's connections.
 const RECONNECT_EVERY: u64 = 5;
@@ -93,17 +92,13 @@ pub fn start(
             remote: RedisStore::new(&patient(options), metrics.clone())?,
             timing,
             clock: clock.clone(),
-            metrics: metrics.regions.clone(),
-            label: RegionMetrics::label(&peer.name),
+            metrics: metrics.clone(),
+            label: region_label(&peer.name),
         };
         tasks.push(tokio::spawn(link.run(stopped.clone())));
     }
     tasks.push(tokio::spawn(read_marks(
-        links,
-        local,
-        timing,
-        metrics.regions.clone(),
-        stopped,
+        links, local, timing, metrics, stopped,
     )));
     Ok(Exchange { tasks, stop })
 }
@@ -122,8 +117,8 @@ struct Link {
     timing: Timing,
     /// The wall clock, for `/status` and `/metrics` (as [`RegionLinks::status`] reads).
     clock: Arc<dyn Clock>,
-    /// The links' metrics.
-    metrics: RegionMetrics,
+    /// Where the links' metrics are.
+    metrics: Arc<Metrics>,
     /// This link's label.
     label: RegionLabel,
 }
@@ -163,21 +158,24 @@ impl Link {
                     figures.failures_in_a_row = 0;
                 });
                 self.metrics
-                    .sent_keys
+                    .region_sent_keys
                     .get_or_create(&self.label)
                     .inc_by(sent);
                 self.metrics
-                    .round_trip
+                    .region_round_trip
                     .get_or_create(&self.label)
                     .set(round_trip.as_secs_f64());
                 self.metrics
-                    .last_sent
+                    .region_last_sent
                     .get_or_create(&self.label)
                     .set(now as f64 / MICROS_PER_SECOND as f64);
             }
             Err(error) => {
                 self.links.give_back(self.peer(), keys);
-                self.metrics.failures.get_or_create(&self.label).inc();
+                self.metrics
+                    .region_failures
+                    .get_or_create(&self.label)
+                    .inc();
                 let failures = self.peer().figures().failures_in_a_row + 1;
                 let first = failures == 1;
                 self.peer().update(|figures| {
@@ -199,14 +197,14 @@ impl Link {
         let lag = figures.last_sent_at.map_or(f64::INFINITY, |at| {
             self.clock.now().saturating_sub(at) as f64 / MICROS_PER_SECOND as f64
         });
-        self.metrics.lag.get_or_create(&self.label).set(lag);
+        self.metrics.region_lag.get_or_create(&self.label).set(lag);
         let up = figures.failures_in_a_row == 0 && !self.peer().is_stale();
         self.metrics
-            .link_up
+            .region_link_up
             .get_or_create(&self.label)
             .set(i64::from(up));
         self.metrics
-            .dropped_keys
+            .region_dropped_keys
             .inner()
             .store(self.links.dropped(), std::sync::atomic::Ordering::Relaxed);
     }
@@ -244,7 +242,7 @@ async fn read_marks(
     links: Arc<RegionLinks>,
     local: Arc<RedisStore>,
     timing: Timing,
-    metrics: RegionMetrics,
+    metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(timing.sync_interval);
@@ -255,7 +253,7 @@ async fn read_marks(
             _ = stop.changed() => return,
         }
         for peer in links.peers() {
-            let label = RegionMetrics::label(&peer.name);
+            let label = region_label(&peer.name);
             // A store that cannot be read says nothing new: the checks fail over anyway.
             let Ok(mark) = local.read_seen(&peer.name, timing.call_timeout()).await else {
                 continue;
@@ -269,19 +267,26 @@ async fn read_marks(
                 }
             });
             metrics
-                .stale
+                .region_stale
                 .get_or_create(&label)
                 .set(i64::from(received.is_none()));
             if let Some((keys, age)) = received {
                 metrics
-                    .received_age
+                    .region_received_age
                     .get_or_create(&label)
                     .set(age.as_secs_f64());
                 metrics
-                    .received_keys
+                    .region_received_keys
                     .get_or_create(&label)
                     .set(i64::try_from(keys).unwrap_or(i64::MAX));
             }
         }
+    }
+}
+
+/// The metric label of region `name`.
+fn region_label(name: &str) -> RegionLabel {
+    RegionLabel {
+        region: name.to_owned(),
     }
 }

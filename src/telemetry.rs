@@ -8,7 +8,6 @@
 //! map one to one onto `sluice_rule_hits_total{rule="<key>", stat="<stat>"}`.
 
 mod process;
-pub(crate) mod regions;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -101,6 +100,13 @@ pub(crate) struct OpLabel {
 pub(crate) struct NodeLabel {
     /// The node.
     pub(crate) node: Arc<str>,
+}
+
+/// Another region's label (`--region`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RegionLabel {
+    /// Its name.
+    pub(crate) region: String,
 }
 
 /// A circuit-breaker state label.
@@ -211,8 +217,26 @@ pub struct Metrics {
     pub(crate) runtime_alive_tasks: Gauge,
     /// Answers held back by a delay (`max_delay`), waiting now.
     pub(crate) delayed_pending: Gauge,
-    /// The links to other regions (`--region`).
-    pub(crate) regions: regions::RegionMetrics,
+    /// 1 while publications to the region succeed and its own reach this region.
+    pub(crate) region_link_up: Family<RegionLabel, Gauge>,
+    /// 1 while the region's usage is not known lately: checks take its fallback share.
+    pub(crate) region_stale: Family<RegionLabel, Gauge>,
+    /// Time since a publication to the region last succeeded.
+    pub(crate) region_lag: Family<RegionLabel, Gauge<f64, AtomicU64>>,
+    /// Round trip of the last publication to the region.
+    pub(crate) region_round_trip: Family<RegionLabel, Gauge<f64, AtomicU64>>,
+    /// When a publication to the region last succeeded (Unix seconds).
+    pub(crate) region_last_sent: Family<RegionLabel, Gauge<f64, AtomicU64>>,
+    /// Keys published to the region.
+    pub(crate) region_sent_keys: Family<RegionLabel, Counter>,
+    /// Publications to the region that failed.
+    pub(crate) region_failures: Family<RegionLabel, Counter>,
+    /// Age of the region's last publication to this one.
+    pub(crate) region_received_age: Family<RegionLabel, Gauge<f64, AtomicU64>>,
+    /// Keys in the region's last publication to this one.
+    pub(crate) region_received_keys: Family<RegionLabel, Gauge>,
+    /// Charged keys not published because too many waited.
+    pub(crate) region_dropped_keys: Counter,
     /// Delayed answers, by how they ended: `answered` after the wait, `drained` at once
     /// by a shutdown, `late` refused (the wait would have outlived the call's deadline).
     pub(crate) delayed_answers: Family<OutcomeLabel, Counter>,
@@ -612,7 +636,66 @@ impl Metrics {
             "Delayed answers by outcome: answered after the wait, drained by a shutdown, or late (refused: past the call's deadline)",
             delayed_answers.clone(),
         );
-        let regions = regions::RegionMetrics::register(&mut registry);
+        let region_link_up = Family::default();
+        registry.register(
+            "region_link_up",
+            "1 while publications to the region succeed and its publications reach this one",
+            region_link_up.clone(),
+        );
+        let region_stale = Family::default();
+        registry.register(
+            "region_stale",
+            "1 while the region's usage is not known lately (no publication from it within the stale time): checks take its fallback share",
+            region_stale.clone(),
+        );
+        let region_lag = Family::default();
+        registry.register(
+            "region_link_lag_seconds",
+            "Time since a publication to the region last succeeded",
+            region_lag.clone(),
+        );
+        let region_round_trip = Family::default();
+        registry.register(
+            "region_link_round_trip_seconds",
+            "Round trip of the last publication to the region",
+            region_round_trip.clone(),
+        );
+        let region_last_sent = Family::default();
+        registry.register(
+            "region_last_sent_timestamp_seconds",
+            "When a publication to the region last succeeded (Unix seconds)",
+            region_last_sent.clone(),
+        );
+        let region_sent_keys = Family::default();
+        registry.register(
+            "region_sent_keys",
+            "Keys of aggregated limits published to the region",
+            region_sent_keys.clone(),
+        );
+        let region_failures = Family::default();
+        registry.register(
+            "region_publish_failures",
+            "Publications to the region that failed (kept and sent again)",
+            region_failures.clone(),
+        );
+        let region_received_age = Family::default();
+        registry.register(
+            "region_last_received_age_seconds",
+            "Age of the region's last publication to this one",
+            region_received_age.clone(),
+        );
+        let region_received_keys = Family::default();
+        registry.register(
+            "region_last_received_keys",
+            "Keys in the region's last publication to this one",
+            region_received_keys.clone(),
+        );
+        let region_dropped_keys = Counter::default();
+        registry.register(
+            "region_dropped_keys",
+            "Charged keys of aggregated limits not published because too many waited",
+            region_dropped_keys.clone(),
+        );
         let delay_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         registry.register(
             "delay_seconds",
@@ -624,7 +707,16 @@ impl Metrics {
             config_failing,
             runtime_alive_tasks,
             delayed_pending,
-            regions,
+            region_link_up,
+            region_stale,
+            region_lag,
+            region_round_trip,
+            region_last_sent,
+            region_sent_keys,
+            region_failures,
+            region_received_age,
+            region_received_keys,
+            region_dropped_keys,
             delayed_answers,
             delay_seconds,
             runtimes: Mutex::new(Vec::new()),

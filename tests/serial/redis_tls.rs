@@ -47,6 +47,10 @@ fn rules() -> String {
             "  - key: {key}\n    rate_limit: {{unit: day, requests_per_unit: 5, algorithm: {algorithm}, failure_mode: closed}}\n"
         ));
     }
+    // A limit shared between regions (with --region; whole without).
+    yaml.push_str(
+        "  - key: global\n    rate_limit: {unit: day, requests_per_unit: 5, scope: global, sharing: aggregate, failure_mode: closed}\n",
+    );
     // A concurrency limit (the hold script): every request its own slot.
     yaml.push_str(
         "  - key: slot\n    slot: true\n    rate_limit: {algorithm: concurrency, max_in_flight: 5, failure_mode: closed}\n",
@@ -201,6 +205,11 @@ async fn sluice(url: &str, flags: &[&str]) -> TestServer {
     TestServer::start(&[("tls.yaml".to_owned(), rules())], &[], &all).await
 }
 
+/// `flags` borrowed as the flags of [`sluice`].
+fn as_strs(flags: &[String]) -> Vec<&str> {
+    flags.iter().map(String::as_str).collect()
+}
+
 fn path(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
 }
@@ -292,6 +301,74 @@ async fn tls_with_client_certificate_and_minimal_acl_is_exact() {
     );
     assert!(log_lines_with(PASSWORD).is_empty(), "password in the log");
     server.stop().await;
+    drop(files.dir);
+}
+
+/// Two regions, each its own Redis over TLS with a client certificate and the minimal
+/// ACL: each region's Sluice reaches the other's store as it reaches its own, and the
+/// usage one admits is counted by the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_share_usage_over_tls_with_the_minimal_acl() {
+    let _serial = serial().await;
+    captured_log();
+    let refused_before = log_lines_with("NOPERM").len();
+    let ca = Ca::new("redis test ca");
+    let leaf = ca.server(&["localhost", "127.0.0.1"]);
+    let (redis_a, redis_b) = (TlsRedis::start(&ca, &leaf), TlsRedis::start(&ca, &leaf));
+    let files = client_files(&ca, &ca);
+    let region = |name: &'static str, peer: String| {
+        let mut flags: Vec<String> = files.flags().iter().map(|f| (*f).to_owned()).collect();
+        flags.extend(["--region".into(), name.into(), "--peer-region".into(), peer]);
+        flags.extend(["--region-sync-interval".into(), "100ms".into()]);
+        flags
+    };
+    let flags_a = region("a", format!("b={}", redis_b.url()));
+    let flags_b = region("b", format!("a={}", redis_a.url()));
+    let a = sluice(&redis_a.url(), &as_strs(&flags_a)).await;
+    let b = sluice(&redis_b.url(), &as_strs(&flags_b)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for server in [&a, &b] {
+        while server.status().await["regions"]["links"][0]["cut"] != false {
+            assert!(
+                Instant::now() < deadline,
+                "the regions never saw each other"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut client_a = a.client().await;
+    for _ in 0..3 {
+        let answer = call(&mut client_a, "global", "shared", Duration::from_secs(3)).await;
+        assert_eq!(answer.outcome, Outcome::Ok);
+    }
+    while a
+        .metrics()
+        .await
+        .get("sluice_region_sent_keys_total{region=\"b\"}")
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "a never published to b");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // b counts a's 3 of the 5.
+    let mut client_b = b.client().await;
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        outcomes.push(
+            call(&mut client_b, "global", "shared", Duration::from_secs(3))
+                .await
+                .outcome,
+        );
+    }
+    assert_eq!(outcomes, [Outcome::Ok, Outcome::Ok, Outcome::Over]);
+    assert_eq!(
+        log_lines_with("NOPERM").len(),
+        refused_before,
+        "the ACL refused a command"
+    );
+    assert!(log_lines_with(PASSWORD).is_empty(), "password in the log");
+    a.stop().await;
+    b.stop().await;
     drop(files.dir);
 }
 

@@ -132,18 +132,18 @@ fn slot_fits(
             "a slot descriptor takes no value: each request names its own slot",
         ));
     }
-    for (given, field) in [
-        (raw.detailed_metric == Some(true), "detailed_metric"),
-        (raw.value_to_metric == Some(true), "value_to_metric"),
-    ] {
-        if given {
-            errors.push(ConfigError::sluice(
-                file,
-                &format!("{path}.{field}"),
-                format!("{field} cannot be used with slot: true: every request's slot name would become a metric name"),
-            ));
-        }
-    }
+    refuse_given(
+        file,
+        path,
+        &[
+            (raw.detailed_metric == Some(true), "detailed_metric"),
+            (raw.value_to_metric == Some(true), "value_to_metric"),
+        ],
+        |field| {
+            format!("{field} cannot be used with slot: true: every request's slot name would become a metric name")
+        },
+        errors,
+    );
 }
 
 /// The reference's `rate_limit`, plus the extension fields.
@@ -173,19 +173,17 @@ fn single(
         ));
     }
     if unlimited {
-        for (given, field) in [
-            (raw.scope.is_some(), "scope"),
-            (raw.sharing.is_some(), "sharing"),
-            (raw.weights.is_some(), "weights"),
-        ] {
-            if given {
-                errors.push(ConfigError::sluice(
-                    file,
-                    &format!("{path}.{field}"),
-                    format!("{field} does not apply to unlimited: nothing is counted"),
-                ));
-            }
-        }
+        refuse_given(
+            file,
+            path,
+            &[
+                (raw.scope.is_some(), "scope"),
+                (raw.sharing.is_some(), "sharing"),
+                (raw.weights.is_some(), "weights"),
+            ],
+            |field| format!("{field} does not apply to unlimited: nothing is counted"),
+            errors,
+        );
     }
     let replaces = replaces(file, name, raw, errors);
     let limit = unit.and_then(|unit| limit(file, path, raw, unit, regions, errors));
@@ -530,18 +528,16 @@ fn limit(
         }
     }
     let failure_mode = failure_mode(file, path, raw, errors);
-    for (given, field) in [
-        (raw.max_in_flight.is_some(), "max_in_flight"),
-        (raw.max_hold.is_some(), "max_hold"),
-    ] {
-        if given {
-            errors.push(ConfigError::sluice(
-                file,
-                &format!("{path}.{field}"),
-                format!("{field} is only valid with algorithm: concurrency"),
-            ));
-        }
-    }
+    refuse_given(
+        file,
+        path,
+        &[
+            (raw.max_in_flight.is_some(), "max_in_flight"),
+            (raw.max_hold.is_some(), "max_hold"),
+        ],
+        |field| format!("{field} is only valid with algorithm: concurrency"),
+        errors,
+    );
     let max_delay = max_delay(file, path, raw, algorithm, errors);
     if algorithm == AlgorithmKind::SlidingLog && requests_per_unit > MAX_SLIDING_LOG_LIMIT {
         errors.push(ConfigError::sluice(
@@ -591,21 +587,21 @@ fn scope(
     let sharing_path = format!("{path}.sharing");
     match raw.scope.as_deref().unwrap_or_default() {
         "" | "regional" => {
-            for (given, field) in [
-                (raw.sharing.is_some(), "sharing"),
-                (raw.weights.is_some(), "weights"),
-            ] {
-                if given {
-                    errors.push(ConfigError::sluice(
-                        file,
-                        &format!("{path}.{field}"),
-                        format!(
-                            "{field} needs scope: global (a regional limit is enforced whole \
-                             in each region)"
-                        ),
-                    ));
-                }
-            }
+            refuse_given(
+                file,
+                path,
+                &[
+                    (raw.sharing.is_some(), "sharing"),
+                    (raw.weights.is_some(), "weights"),
+                ],
+                |field| {
+                    format!(
+                        "{field} needs scope: global (a regional limit is enforced whole \
+                         in each region)"
+                    )
+                },
+                errors,
+            );
             return;
         }
         "global" => {}
@@ -952,4 +948,23 @@ fn lease(
         }
     }
     lease
+}
+
+/// For each `(given, field)` that is given, an error at `path.field` saying `why(field)`.
+fn refuse_given(
+    file: &str,
+    path: &str,
+    fields: &[(bool, &str)],
+    why: impl Fn(&str) -> String,
+    errors: &mut Vec<ConfigError>,
+) {
+    for &(given, field) in fields {
+        if given {
+            errors.push(ConfigError::sluice(
+                file,
+                &format!("{path}.{field}"),
+                why(field),
+            ));
+        }
+    }
 }

@@ -11,18 +11,7 @@ use sluice::store::memory::MemoryStore;
 use sluice::store::redis::{RedisMode, RedisStore};
 use sluice::store::{CounterKey, HoldCall, Store};
 use support::redis::{connected_store, RedisCluster, RedisServer};
-
-/// xorshift64*: a seeded generator, so a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
+use support::rng::Rng;
 
 /// The function library (`FCALL`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,21 +17,7 @@ use sluice::store::redis::script::limit_key;
 use sluice::store::redis::{RedisMode, RedisOptions, RedisStore};
 use sluice::store::{CounterKey, KeyPrefix, LimitCheck, StoreCheck};
 use support::redis::{connected_store_with, store_options, RedisCluster, RedisServer};
-
-/// xorshift64*: a seeded generator, so a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use support::rng::Rng;
 
 /// Options of region `name`'s store on `server`: its own key prefix.
 fn options(server: &RedisServer, name: &str) -> RedisOptions {

@@ -12,23 +12,9 @@ use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisMode;
 use sluice::store::{CounterKey, LimitCheck, Store, StoreCheck};
 use support::redis::{connected_store, RedisServer};
+use support::rng::Rng;
 
 const KINDS: [AlgorithmKind; 5] = AlgorithmKind::ALL;
-
-/// xorshift64*: a seeded generator, so a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// `limit` under `on_over_limit: charge` now and then (debt), where its algorithm
 /// takes it (not the sliding log).

@@ -11,6 +11,7 @@ pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod rng;
 pub mod sentinel;
 pub mod xds;
 

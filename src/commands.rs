@@ -200,6 +200,12 @@ fn write_explanation(
                 if limit.on_over_limit != OnOverLimit::Refuse.as_str() {
                     write!(out, " on_over_limit={}", limit.on_over_limit)?;
                 }
+                if let (Some(scope), Some(sharing)) = (limit.regions.scope, limit.regions.sharing) {
+                    write!(out, " scope={scope} sharing={sharing}")?;
+                }
+                if let Some(global) = limit.regions.global_limit {
+                    write!(out, " of={global}")?;
+                }
                 writeln!(out, " failure_mode={}", limit.failure_mode)?;
             }
             if let Some(key) = &explanation.counter_key {

@@ -78,7 +78,10 @@ pub fn start(
         timeout: timing.call_timeout(),
         ..options.clone()
     };
-    let local = Arc::new(RedisStore::new(&patient(local), metrics.clone())?);
+    // The exchange's stores count their calls apart: in the served metrics a peer's
+    // single node would be `node="redis"`, the local store's breaker.
+    let own_metrics = Arc::new(Metrics::new());
+    let local = Arc::new(RedisStore::new(&patient(local), own_metrics.clone())?);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
     for (index, peer) in links.peers().iter().enumerate() {
@@ -89,7 +92,7 @@ pub fn start(
             links: links.clone(),
             index,
             local: local.clone(),
-            remote: RedisStore::new(&patient(options), metrics.clone())?,
+            remote: RedisStore::new(&patient(options), own_metrics.clone())?,
             timing,
             clock: clock.clone(),
             metrics: metrics.clone(),

@@ -209,6 +209,17 @@ async fn starts_without_redis_and_uses_it_when_it_appears() {
 
     let redis = RedisServer::start_on(port);
     let recovered = until_exact(&server, Duration::from_secs(2)).await;
+    // Each serving lane has its own connection, each reconnecting on its own backoff:
+    // one lane answering exactly is not all of them. A new client may land on any.
+    eventually(|| async {
+        match server.status().await["store"]["health"].as_str() {
+            Some("ok") => Ok(()),
+            health => Err(format!(
+                "store health {health:?}: a lane is not connected yet"
+            )),
+        }
+    })
+    .await;
     assert_exact(&server, "startup").await;
     eprintln!("redis appeared: exact after {recovered:?}");
     drop(redis);

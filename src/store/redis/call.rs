@@ -168,6 +168,18 @@ pub(crate) async fn run_call<T>(
     result
 }
 
+/// [`run_call`] of a call made on its own, outside the batcher (a lease, a hold, the
+/// region exchange): on the node its slot is routed to now.
+pub(crate) async fn run_alone<T>(
+    shared: &Shared,
+    call: &Call,
+    deadline: Instant,
+    decode: impl Fn(Value) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let node = shared.nodes.topology().route(call.slot()).cloned();
+    run_call(shared, node, call, deadline, decode).await
+}
+
 /// One call on `node`; if the node lacks its script or function library, the call
 /// again once that is loaded, within the same deadline.
 async fn call_loading(

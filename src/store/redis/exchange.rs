@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use fred::types::Value;
 
-use super::call::{run_call, Shared};
+use super::call::{run_alone, Shared};
 use super::script::{self, limit_key, number, Call, Entry};
 use crate::algorithm::Micros;
 use crate::store::redis::links::Published;
@@ -46,17 +46,6 @@ fn state_key(prefix: &KeyPrefix, item: &Published) -> String {
     limit_key(prefix, item.key.counter, item.key.index as usize)
 }
 
-/// Runs `call` on the node of its slot, ended by `deadline`.
-async fn run<T>(
-    shared: &Shared,
-    call: &Call,
-    deadline: Instant,
-    decode: impl Fn(Value) -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    let node = shared.nodes.topology().route(call.slot()).cloned();
-    run_call(shared, node, call, deadline, decode).await
-}
-
 /// The stored states of `items` (`None` where a key holds none), within `timeout`.
 pub(crate) async fn export(
     shared: &Shared,
@@ -71,7 +60,7 @@ pub(crate) async fn export(
             .map(|&i| Value::from(state_key(&shared.key_prefix, &items[i])))
             .collect();
         let call = Call::of(Entry::Export, keys, Vec::new());
-        let values = run(shared, &call, deadline, |reply| match reply {
+        let values = run_alone(shared, &call, deadline, |reply| match reply {
             Value::Array(values) => Ok(values),
             other => Err(StoreError::Protocol(format!(
                 "export script reply is not an array: {other:?}"
@@ -111,7 +100,7 @@ pub(crate) async fn import(
             argv.push(Value::Bytes(state.clone()));
         }
         let call = Call::of(Entry::Import, keys, argv);
-        written += run(shared, &call, deadline, |reply| {
+        written += run_alone(shared, &call, deadline, |reply| {
             reply
                 .as_u64()
                 .ok_or_else(|| StoreError::Protocol("import script reply is not a count".into()))
@@ -139,7 +128,7 @@ pub(crate) async fn mark_seen(
         number(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
     ];
     let call = Call::of(Entry::Seen, vec![seen_key(&shared.key_prefix, from)], argv);
-    run(shared, &call, Instant::now() + timeout, |_| Ok(())).await
+    run_alone(shared, &call, Instant::now() + timeout, |_| Ok(())).await
 }
 
 /// Region `from`'s mark here: the keys of its last publication and the mark's time left
@@ -154,7 +143,7 @@ pub(crate) async fn read_seen(
         vec![seen_key(&shared.key_prefix, from)],
         vec![Value::from_static_str("")],
     );
-    run(shared, &call, Instant::now() + timeout, |reply| {
+    run_alone(shared, &call, Instant::now() + timeout, |reply| {
         let Value::Array(values) = reply else {
             return Err(StoreError::Protocol(
                 "seen script reply is not an array".into(),

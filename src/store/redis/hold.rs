@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use fred::types::Value;
 
-use super::call::{run_call, Shared};
+use super::call::{run_alone, Shared};
 use super::script::{limit_key, number, Call, Entry};
 use crate::algorithm::concurrency::SlotOp;
 use crate::algorithm::{Decision, Micros};
@@ -44,8 +44,7 @@ pub(crate) async fn run(
     now: Option<Micros>,
 ) -> Result<Decision, StoreError> {
     let call = call(&shared.key_prefix, hold, now);
-    let node = shared.nodes.topology().route(call.slot()).cloned();
-    run_call(shared, node, &call, Instant::now() + shared.timeout, decode).await
+    run_alone(shared, &call, Instant::now() + shared.timeout, decode).await
 }
 
 /// Turns the script's reply into a decision.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use fred::types::Value;
 
-use super::call::{run_call, Shared};
+use super::call::{run_alone, Shared};
 use super::script::{limit_key, number, Call, Entry};
 use crate::algorithm::{AlgorithmKind, Decision, Micros};
 use crate::store::{KeyPrefix, LeaseGrant, LeaseRequest, StoreError};
@@ -70,8 +70,7 @@ pub(crate) async fn run(
     now: Option<Micros>,
 ) -> Result<LeaseGrant, StoreError> {
     let call = call(&shared.key_prefix, request, now)?;
-    let node = shared.nodes.topology().route(call.slot()).cloned();
-    run_call(shared, node, &call, Instant::now() + shared.timeout, decode).await
+    run_alone(shared, &call, Instant::now() + shared.timeout, decode).await
 }
 
 /// Turns the script's reply into a grant.

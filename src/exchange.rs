@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
@@ -50,13 +49,10 @@ impl Timing {
 pub struct Exchange {
     /// The tasks.
     tasks: Vec<JoinHandle<()>>,
-    /// Tells the tasks to stop.
-    stop: watch::Sender<bool>,
 }
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
         for task in &self.tasks {
             task.abort();
         }
@@ -82,7 +78,6 @@ pub fn start(
     // single node would be `node="redis"`, the local store's breaker.
     let own_metrics = Arc::new(Metrics::new());
     let local = Arc::new(RedisStore::new(&patient(local), own_metrics.clone())?);
-    let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
     for (index, peer) in links.peers().iter().enumerate() {
         let Some((_, options)) = peers.iter().find(|(name, _)| *name == peer.name) else {
@@ -98,12 +93,10 @@ pub fn start(
             metrics: metrics.clone(),
             label: region_label(&peer.name),
         };
-        tasks.push(tokio::spawn(link.run(stopped.clone())));
+        tasks.push(tokio::spawn(link.run()));
     }
-    tasks.push(tokio::spawn(read_marks(
-        links, local, timing, metrics, stopped,
-    )));
-    Ok(Exchange { tasks, stop })
+    tasks.push(tokio::spawn(read_marks(links, local, timing, metrics)));
+    Ok(Exchange { tasks })
 }
 
 /// One link: publishes this region's charged keys to one other region.
@@ -132,15 +125,12 @@ impl Link {
         &self.links.peers()[self.index]
     }
 
-    /// Publishes every sync interval until `stop`.
-    async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Publishes every sync interval, until aborted.
+    async fn run(self) {
         let mut tick = tokio::time::interval(self.timing.sync_interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
+            tick.tick().await;
             self.publish_once().await;
         }
     }
@@ -246,15 +236,11 @@ async fn read_marks(
     local: Arc<RedisStore>,
     timing: Timing,
     metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(timing.sync_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+        tick.tick().await;
         for peer in links.peers() {
             let label = region_label(&peer.name);
             // A store that cannot be read says nothing new: the checks fail over anyway.
